@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Build the upstream binaries the integration tests run against a real control plane:
+# kube-apiserver, kube-scheduler, kubectl, etcd and helm, from Go modules (the Go module
+# proxy is the only upstream source this project may reach). Nothing is written into the
+# repository: binaries land in ${GPUSHARE_CACHE:-$HOME/.cache/gpushare}/bin/<stamp>/.
+#
+# Usage: BIN=$(hack/build-k8s.sh | tail -1)
+# Progress goes to stderr; the last line of stdout is the bin dir.
+set -euo pipefail
+
+# --- pinned versions -------------------------------------------------------------------
+K8S_VERSION="v1.36.3"      # k8s.io/kubernetes; staging modules are k8s.io/* v0.36.3
+ETCD_VERSION="v3.6.16"     # go.etcd.io/etcd/server/v3 (its root package is the etcd main)
+HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm
+# ---------------------------------------------------------------------------------------
+
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# Two cores, 24 GiB: two compile jobs at a time keeps kube-apiserver's link in memory.
+BUILD_PARALLEL="${GPUSHARE_BUILD_PARALLEL:-2}"
+
+log() { printf '[build-k8s] %s\n' "$*" >&2; }
+
+STAMP="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
+CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}"
+BIN_DIR="${CACHE}/bin/${STAMP}"
+STAMP_FILE="${BIN_DIR}/.stamp"
+BINARIES=(kube-apiserver kube-scheduler kubectl etcd helm)
+STAMP_TEXT="${STAMP} $("$GO" env GOVERSION) CGO_ENABLED=0"
+
+is_warm() {
+    [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP_TEXT" ]] || return 1
+    local b
+    for b in "${BINARIES[@]}"; do [[ -x "${BIN_DIR}/${b}" ]] || return 1; done
+}
+
+if is_warm; then
+    log "cache warm: ${BIN_DIR}"
+    echo "$BIN_DIR"
+    exit 0
+fi
+
+mkdir -p "$BIN_DIR"
+# Serialise concurrent callers (e.g. parallel test sessions) on one lock per stamp.
+exec 9>"${BIN_DIR}.lock"
+flock 9
+if is_warm; then
+    log "cache warmed by another build: ${BIN_DIR}"
+    echo "$BIN_DIR"
+    exit 0
+fi
+rm -f "$STAMP_FILE"
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpushare-build.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+GOVER="$("$GO" env GOVERSION)"
+GOVER="${GOVER#go}"
+TOTAL_START=$SECONDS
+TIMES=()
+
+# Throwaway module: a go.mod that requires one upstream module (plus replaces), nothing else.
+new_module() {  # dir module-path
+    mkdir -p "$1"
+    printf 'module %s\n\ngo %s\n' "$2" "$GOVER" >"$1/go.mod"
+}
+
+# Module time from the proxy's .info: a reproducible build date.
+module_time() {  # module@version
+    "$GO" mod download -json "$1" | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p'
+}
+
+build_k8s() {
+    local start=$SECONDS dir="$WORK/k8s" minor="${K8S_VERSION#v1.}" gomod
+    local staging="v0.${minor}"
+    log "kubernetes ${K8S_VERSION}: resolving staging modules (-> ${staging})"
+    new_module "$dir" gpushare.local/build/k8s
+    gomod="$("$GO" mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [[ -f "$gomod" ]] || { log "cannot find go.mod of k8s.io/kubernetes@${K8S_VERSION}"; exit 1; }
+    (
+        cd "$dir"
+        "$GO" mod edit -require="k8s.io/kubernetes@${K8S_VERSION}"
+        # Every staging module is required as v0.0.0 and replaced by a ./staging path
+        # upstream; outside that repo each maps to its published v0.X.Y tag.
+        local mod n=0
+        for mod in $(awk '$1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u); do
+            "$GO" mod edit -replace="${mod}=${mod}@${staging}"
+            n=$((n + 1))
+        done
+        log "kubernetes: ${n} staging replaces"
+        local date major="1" kminor="${minor%%.*}" ldflags="" pkg
+        date="$(module_time "k8s.io/kubernetes@${K8S_VERSION}")"
+        for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+            ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
+            ldflags+=" -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${kminor}"
+            ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000"
+            ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${date}"
+        done
+        log "kubernetes: building kube-apiserver kube-scheduler kubectl (slow on few cores)"
+        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "-s -w${ldflags}" -o "$BIN_DIR/" \
+            k8s.io/kubernetes/cmd/kube-apiserver \
+            k8s.io/kubernetes/cmd/kube-scheduler \
+            k8s.io/kubernetes/cmd/kubectl
+    )
+    TIMES+=("kube-apiserver+kube-scheduler+kubectl: $((SECONDS - start))s")
+}
+
+build_etcd() {
+    local start=$SECONDS dir="$WORK/etcd"
+    log "etcd ${ETCD_VERSION}: building"
+    new_module "$dir" gpushare.local/build/etcd
+    (
+        cd "$dir"
+        "$GO" mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "-s -w" -o "$BIN_DIR/etcd" \
+            go.etcd.io/etcd/server/v3
+    )
+    TIMES+=("etcd: $((SECONDS - start))s")
+}
+
+build_helm() {
+    local start=$SECONDS dir="$WORK/helm"
+    log "helm ${HELM_VERSION}: building"
+    new_module "$dir" gpushare.local/build/helm
+    (
+        cd "$dir"
+        "$GO" mod edit -require="helm.sh/helm/v3@${HELM_VERSION}"
+        local ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+        ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "$ldflags" -o "$BIN_DIR/helm" \
+            helm.sh/helm/v3/cmd/helm
+    )
+    TIMES+=("helm: $((SECONDS - start))s")
+}
+
+build_etcd
+build_helm
+build_k8s
+
+for b in "${BINARIES[@]}"; do
+    [[ -x "${BIN_DIR}/${b}" ]] || { log "missing after build: ${BIN_DIR}/${b}"; exit 1; }
+done
+printf '%s\n' "$STAMP_TEXT" >"$STAMP_FILE"
+for t in "${TIMES[@]}"; do log "built ${t}"; done
+log "cold build took $((SECONDS - TOTAL_START))s"
+echo "$BIN_DIR"

@@ -1,0 +1,95 @@
+"""The names every part of gpushare agrees on (see DESIGN.md): defined here once, imported everywhere."""
+
+from __future__ import annotations
+
+import enum
+
+# Extended resources.
+RESOURCE_MEM = "nvidia.com/gpu-mem"
+RESOURCE_COUNT = "nvidia.com/gpu-count"
+
+SCHEDULER_NAME = "gpushare-scheduler"
+NODE_LABEL = "gpushare"
+NODE_LABEL_VALUE = "true"
+NODE_LABEL_SELECTOR = f"{NODE_LABEL}={NODE_LABEL_VALUE}"
+
+PLUGIN_SOCKET_NAME = "gpushare.sock"
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEVICE_PLUGIN_API_VERSION = "v1beta1"
+
+# Fake device IDs: "<GPU-UUID>-_-<n>"; kubelet rejects IDs longer than 63 characters.
+DEVICE_ID_SEPARATOR = "-_-"
+DEVICE_ID_MAX_LEN = 63
+
+# Annotation domain.
+ANNOTATION_PREFIX = "gpushare.io/"
+
+# Node annotation written by the plugin: JSON list of GPUs.
+ANN_NODE_GPUS = ANNOTATION_PREFIX + "gpus"
+
+# Pod annotations written by the extender at bind, consumed by the plugin.
+ANN_GPU_INDEX = ANNOTATION_PREFIX + "gpu-index"
+ANN_GPU_UUID = ANNOTATION_PREFIX + "gpu-uuid"
+ANN_GPU_MEM = ANNOTATION_PREFIX + "gpu-mem"
+ANN_ASSUME_TIME = ANNOTATION_PREFIX + "assume-time"
+ANN_ASSIGNED = ANNOTATION_PREFIX + "assigned"
+
+# Pod annotations a user may set.
+ANN_GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
+ANN_GPU_MODEL = ANNOTATION_PREFIX + "gpu-model"
+
+# Env in each container's Allocate response.
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ENV_MEM_LIMIT_MIB = "GPUSHARE_MEM_LIMIT_MIB"
+ENV_MEM_TOTAL_MIB = "GPUSHARE_MEM_TOTAL_MIB"
+ENV_GPU_INDEX = "GPUSHARE_GPU_INDEX"
+ENV_ALIYUN_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"
+ENV_ALIYUN_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+ENV_ALIYUN_IDX = "ALIYUN_COM_GPU_MEM_IDX"
+ENV_ALIYUN_POD = "ALIYUN_COM_GPU_MEM_POD"
+ENV_MPS_PINNED_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+
+# Extender HTTP routes.
+EXTENDER_PREFIX = "/gpushare-scheduler"
+EXTENDER_DEFAULT_PORT = 12345
+
+# Pod phases whose containers are gone: their memory is free again.
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class MemoryUnit(enum.Enum):
+    """The unit of one `nvidia.com/gpu-mem`: one fake device per unit."""
+
+    GiB = "GiB"
+    MiB = "MiB"
+
+    @property
+    def mib(self) -> int:
+        """MiB in one unit."""
+        return 1024 if self is MemoryUnit.GiB else 1
+
+    def from_bytes(self, n_bytes: int) -> int:
+        """Whole units in `n_bytes` (rounded down: never advertise memory a GPU lacks)."""
+        return n_bytes // (self.mib * 1024 * 1024)
+
+    @classmethod
+    def parse(cls, text: str) -> MemoryUnit:
+        for unit in cls:
+            if unit.value.lower() == text.strip().lower():
+                return unit
+        raise ValueError(f"unknown memory unit {text!r}: expected GiB or MiB")
+
+
+def device_id(gpu_uuid: str, n: int) -> str:
+    """The fake device ID for unit `n` of a GPU."""
+    return f"{gpu_uuid}{DEVICE_ID_SEPARATOR}{n}"
+
+
+def gpu_uuid_of_device(dev_id: str) -> str:
+    """The GPU UUID a fake device ID belongs to."""
+    uuid, sep, _ = dev_id.rpartition(DEVICE_ID_SEPARATOR)
+    if not sep or not uuid:
+        raise ValueError(f"not a gpushare device ID: {dev_id!r}")
+    return uuid

@@ -1,0 +1,274 @@
+"""An in-memory `KubeClient` for unit tests: resource versions, optimistic concurrency, watches and
+injectable faults, so code can be tested against API behaviour without an API server."""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from share_core.kube import Conflict, KubeError, ListResult, NotFound, Obj, WatchEvent
+
+
+def _match_fields(obj: Obj, selector: str | None) -> bool:
+    if not selector:
+        return True
+    for term in selector.split(","):
+        negate = "!=" in term
+        key, _, want = term.partition("!=" if negate else "=")
+        want = want.lstrip("=")
+        value: Any = obj
+        for part in key.strip().split("."):
+            value = (value or {}).get(part) if isinstance(value, dict) else None
+        value = "" if value is None else str(value)
+        if (value == want) == negate:
+            return False
+    return True
+
+
+def _match_labels(obj: Obj, selector: str | None) -> bool:
+    if not selector:
+        return True
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in selector.split(","):
+        key, _, want = term.partition("=")
+        if labels.get(key.strip()) != want.strip():
+            return False
+    return True
+
+
+class FakeKube:
+    """Thread-safe store of nodes, pods, events and bindings behind the `KubeClient` interface."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._rv = 0
+        self.nodes: dict[str, Obj] = {}
+        self.pods: dict[tuple[str, str], Obj] = {}
+        self.events: list[Obj] = []
+        self.bindings: list[tuple[str, str, str]] = []
+        self.calls: dict[str, int] = defaultdict(int)
+        self._faults: dict[str, list[Callable[[], None]]] = defaultdict(list)
+        self._watchers: list[tuple[str, queue.Queue[WatchEvent | None], Callable[[Obj], bool]]] = []
+
+    # -- test controls ---------------------------------------------------------------------------
+
+    def fail(self, method: str, error: KubeError | Exception, times: int = 1) -> None:
+        """The next `times` calls of `method` raise `error` (before touching state)."""
+
+        def raise_it() -> None:
+            raise error
+
+        with self._lock:
+            self._faults[method].extend([raise_it] * times)
+
+    def delay(self, method: str, seconds: float, times: int = 1) -> None:
+        with self._lock:
+            self._faults[method].extend([lambda: time.sleep(seconds)] * times)
+
+    def _enter(self, method: str) -> None:
+        with self._lock:
+            self.calls[method] += 1
+            hook = self._faults[method].pop(0) if self._faults[method] else None
+        if hook:
+            hook()
+
+    def _bump(self, obj: Obj) -> Obj:
+        self._rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        return obj
+
+    def _notify(self, kind: str, event_type: str, obj: Obj) -> None:
+        for k, q, pred in list(self._watchers):
+            if k == kind and pred(obj):
+                q.put(WatchEvent(event_type, copy.deepcopy(obj)))
+
+    def add_node(self, node: Obj) -> Obj:
+        with self._lock:
+            node = self._bump(copy.deepcopy(node))
+            self.nodes[node["metadata"]["name"]] = node
+            self._notify("nodes", "ADDED", node)
+            return copy.deepcopy(node)
+
+    def add_pod(self, pod: Obj) -> Obj:
+        with self._lock:
+            pod = copy.deepcopy(pod)
+            meta = pod.setdefault("metadata", {})
+            meta.setdefault("namespace", "default")
+            meta.setdefault("uid", f"uid-{meta['namespace']}-{meta['name']}")
+            pod.setdefault("status", {}).setdefault("phase", "Pending")
+            self._bump(pod)
+            self.pods[(meta["namespace"], meta["name"])] = pod
+            self._notify("pods", "ADDED", pod)
+            return copy.deepcopy(pod)
+
+    def update_pod(self, namespace: str, name: str, mutate: Callable[[Obj], None]) -> Obj:
+        with self._lock:
+            pod = self.pods[(namespace, name)]
+            mutate(pod)
+            self._bump(pod)
+            self._notify("pods", "MODIFIED", pod)
+            return copy.deepcopy(pod)
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> Obj:
+        return self.update_pod(namespace, name, lambda p: p.setdefault("status", {}).__setitem__("phase", phase))
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self._lock:
+            pod = self.pods.pop((namespace, name))
+            self._bump(pod)
+            self._notify("pods", "DELETED", pod)
+
+    def close_watches(self) -> None:
+        """End every open watch, as an API server does on timeout or restart."""
+        with self._lock:
+            for _, q, _ in self._watchers:
+                q.put(None)
+            self._watchers.clear()
+
+    # -- KubeClient ------------------------------------------------------------------------------
+
+    def list_nodes(self, label_selector: str | None = None) -> ListResult:
+        self._enter("list_nodes")
+        with self._lock:
+            items = [copy.deepcopy(n) for n in self.nodes.values() if _match_labels(n, label_selector)]
+            return ListResult(items, str(self._rv))
+
+    def list_pods(self, field_selector: str | None = None, label_selector: str | None = None) -> ListResult:
+        self._enter("list_pods")
+        with self._lock:
+            items = [
+                copy.deepcopy(p)
+                for p in self.pods.values()
+                if _match_fields(p, field_selector) and _match_labels(p, label_selector)
+            ]
+            return ListResult(items, str(self._rv))
+
+    def get_node(self, name: str) -> Obj:
+        self._enter("get_node")
+        with self._lock:
+            if name not in self.nodes:
+                raise NotFound(f"node {name} not found", 404, "NotFound")
+            return copy.deepcopy(self.nodes[name])
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        self._enter("get_pod")
+        with self._lock:
+            if (namespace, name) not in self.pods:
+                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+            return copy.deepcopy(self.pods[(namespace, name)])
+
+    @staticmethod
+    def _merge(target: dict[str, Any], patch: Mapping[str, str | None]) -> None:
+        for k, v in patch.items():
+            if v is None:
+                target.pop(k, None)
+            else:
+                target[k] = v
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj:
+        self._enter("patch_pod_annotations")
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+            if resource_version and pod["metadata"]["resourceVersion"] != resource_version:
+                raise Conflict(
+                    f"pod {namespace}/{name} changed since resourceVersion {resource_version}", 409, "Conflict"
+                )
+            self._merge(pod["metadata"].setdefault("annotations", {}), annotations)
+            self._bump(pod)
+            self._notify("pods", "MODIFIED", pod)
+            return copy.deepcopy(pod)
+
+    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
+        self._enter("patch_node_annotations")
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise NotFound(f"node {name} not found", 404, "NotFound")
+            self._merge(node["metadata"].setdefault("annotations", {}), annotations)
+            self._bump(node)
+            self._notify("nodes", "MODIFIED", node)
+            return copy.deepcopy(node)
+
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
+        self._enter("patch_node_capacity")
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                raise NotFound(f"node {name} not found", 404, "NotFound")
+            status = node.setdefault("status", {})
+            status.setdefault("capacity", {}).update(capacity)
+            status.setdefault("allocatable", {}).update(capacity)
+            self._bump(node)
+            self._notify("nodes", "MODIFIED", node)
+            return copy.deepcopy(node)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self._enter("bind_pod")
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+            if uid and pod["metadata"].get("uid") != uid:
+                raise Conflict(f"pod {namespace}/{name} has another UID", 409, "Conflict")
+            if pod.get("spec", {}).get("nodeName"):
+                raise Conflict(f"pod {namespace}/{name} is already assigned to node {pod['spec']['nodeName']}", 409)
+            pod.setdefault("spec", {})["nodeName"] = node
+            self.bindings.append((namespace, name, node))
+            self._bump(pod)
+            self._notify("pods", "MODIFIED", pod)
+
+    def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None:
+        self._enter("create_event")
+        meta = pod.get("metadata") or {}
+        with self._lock:
+            self.events.append(
+                {
+                    "namespace": meta.get("namespace"),
+                    "pod": meta.get("name"),
+                    "reason": reason,
+                    "message": message,
+                    "type": event_type,
+                }
+            )
+
+    def _watch(self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int) -> Iterator[WatchEvent]:
+        q: queue.Queue[WatchEvent | None] = queue.Queue()
+        with self._lock:
+            self._watchers.append((kind, q, pred))
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                try:
+                    ev = q.get(timeout=min(remaining, 0.5))
+                except queue.Empty:
+                    continue
+                if ev is None:
+                    return
+                yield ev
+        finally:
+            with self._lock:
+                self._watchers = [w for w in self._watchers if w[1] is not q]
+
+    def watch_pods(
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        self._enter("watch_pods")
+        return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds)
+
+    def watch_nodes(
+        self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        self._enter("watch_nodes")
+        return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds)

@@ -1,0 +1,371 @@
+"""The one adapter over the Kubernetes API that every gpushare program uses.
+
+`KubeClient` is the small interface the rest of the code depends on; `ApiServerClient` speaks to a
+real API server (configuration loaded by the `kubernetes` package: kubeconfig or in-cluster), and
+`share_core.fake.FakeKube` is the in-memory stand-in for unit tests. Objects are plain dicts in the
+API's JSON form, so the same code reads a pod from the API server, from a watch, or from kube-scheduler.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import ssl
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import orjson
+import urllib3
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+DEFAULT_TIMEOUT = 10.0  # seconds for one ordinary request; a hung API server must not hang us
+
+
+class KubeError(Exception):
+    """An API call failed. `status` is the HTTP status, or None when the server was not reached."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    """409: the object changed since we read it (optimistic concurrency), or already exists."""
+
+
+class Gone(KubeError):
+    """410: the watch's resourceVersion is too old; re-list."""
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Unavailable(KubeError):
+    """The API server could not be reached, timed out, or answered 5xx/429: worth retrying later."""
+
+
+def error_for_status(status: int, body: bytes, what: str) -> KubeError:
+    message, reason = body.decode(errors="replace")[:500], ""
+    try:
+        st = orjson.loads(body)
+        if isinstance(st, dict):
+            message, reason = st.get("message", message), st.get("reason", "")
+    except orjson.JSONDecodeError:
+        pass
+    text = f"{what}: HTTP {status}: {message}"
+    cls: type[KubeError] = KubeError
+    if status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = Conflict
+    elif status == 410:
+        cls = Gone
+    elif status == 403:
+        cls = Forbidden
+    elif status == 429 or status >= 500:
+        cls = Unavailable
+    return cls(text, status, reason)
+
+
+@dataclass(frozen=True, slots=True)
+class ListResult:
+    items: list[Obj]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: Obj
+
+
+class KubeClient(Protocol):
+    """What gpushare needs from the API server, and nothing more."""
+
+    def list_nodes(self, label_selector: str | None = None) -> ListResult: ...
+
+    def list_pods(self, field_selector: str | None = None, label_selector: str | None = None) -> ListResult: ...
+
+    def get_node(self, name: str) -> Obj: ...
+
+    def get_pod(self, namespace: str, name: str) -> Obj: ...
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj:
+        """Merge-patch annotations (None deletes a key). With `resource_version`, fail with Conflict
+        if the pod changed since it was read: the patch is then all-or-nothing against that version."""
+        ...
+
+    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj: ...
+
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
+        """Set `status.capacity` and `status.allocatable` entries (status subresource)."""
+        ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None: ...
+
+    def watch_pods(
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]: ...
+
+    def watch_nodes(
+        self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]: ...
+
+
+def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A `kubernetes.client.Configuration`: from the kubeconfig if given, else in-cluster, else ~/.kube/config."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        return cfg
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except config.ConfigException:
+        config.load_kube_config(context=context, client_configuration=cfg)
+    return cfg
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ApiServerClient:
+    """`KubeClient` over HTTPS with urllib3; the `kubernetes` package supplies credentials only.
+
+    Raw JSON in and out (orjson) keeps list and watch cheap at 50,000 pods, and avoids the
+    generated client's known failure deserialising a Binding response after a successful bind.
+    """
+
+    def __init__(
+        self,
+        configuration: Any,
+        component: str = "gpushare",
+        timeout: float = DEFAULT_TIMEOUT,
+        page_size: int = 500,
+    ) -> None:
+        self._cfg = configuration
+        self.component = component
+        self.timeout = timeout
+        self.page_size = page_size
+        self.host = configuration.host.rstrip("/")
+        self._lock = threading.Lock()
+        self._pool = urllib3.PoolManager(
+            num_pools=4,
+            maxsize=16,
+            cert_reqs=ssl.CERT_REQUIRED if configuration.verify_ssl else ssl.CERT_NONE,
+            ca_certs=configuration.ssl_ca_cert,
+            cert_file=configuration.cert_file,
+            key_file=configuration.key_file,
+            retries=False,
+            server_hostname=getattr(configuration, "tls_server_name", None) or None,
+        )
+
+    @classmethod
+    def from_kubeconfig(
+        cls, kubeconfig: str | None = None, context: str | None = None, component: str = "gpushare", **kw: Any
+    ) -> ApiServerClient:
+        return cls(load_configuration(kubeconfig, context), component=component, **kw)
+
+    # -- transport -------------------------------------------------------------------------------
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": f"{self.component}/gpushare"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        with self._lock:
+            hook = getattr(self._cfg, "refresh_api_key_hook", None)
+            if hook is not None:
+                hook(self._cfg)
+            token = self._cfg.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | tuple[float, float] | None = None,
+        stream: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        url = self.host + path
+        if query:
+            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
+        data = orjson.dumps(body) if body is not None else None
+        t = timeout if timeout is not None else self.timeout
+        to = urllib3.Timeout(connect=t[0], read=t[1]) if isinstance(t, tuple) else urllib3.Timeout(total=t)
+        what = f"{method} {path}"
+        try:
+            resp = self._pool.request(
+                method,
+                url,
+                body=data,
+                headers=self._headers(content_type or ("application/json" if data is not None else None)),
+                timeout=to,
+                preload_content=not stream,
+                retries=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{what}: API server unreachable or timed out: {exc}") from exc
+        if resp.status >= 300:
+            payload = resp.data if not stream else resp.read()
+            raise error_for_status(resp.status, payload, what)
+        return resp
+
+    def _json(self, method: str, path: str, **kw: Any) -> Obj:
+        resp = self._open(method, path, **kw)
+        try:
+            return orjson.loads(resp.data) if resp.data else {}
+        except orjson.JSONDecodeError as exc:
+            raise KubeError(f"{method} {path}: response is not JSON: {exc}") from exc
+
+    def _list(self, path: str, query: dict[str, Any]) -> ListResult:
+        items: list[Obj] = []
+        cont: str | None = None
+        while True:
+            page = self._json("GET", path, query={**query, "limit": self.page_size, "continue": cont})
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                return ListResult(items, meta.get("resourceVersion", ""))
+
+    def _watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[WatchEvent]:
+        q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds}
+        resp = self._open("GET", path, query=q, timeout=(self.timeout, timeout_seconds + 30), stream=True)
+        buf = b""
+        try:
+            for chunk in resp.stream(65536, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    ev = orjson.loads(line)
+                    obj = ev.get("object") or {}
+                    if ev.get("type") == "ERROR":
+                        raise error_for_status(int(obj.get("code") or 500), orjson.dumps(obj), f"watch {path}")
+                    yield WatchEvent(ev.get("type", ""), obj)
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"watch {path}: connection lost: {exc}") from exc
+        finally:
+            resp.release_conn()
+
+    # -- KubeClient ------------------------------------------------------------------------------
+
+    def list_nodes(self, label_selector: str | None = None) -> ListResult:
+        return self._list("/api/v1/nodes", {"labelSelector": label_selector})
+
+    def list_pods(self, field_selector: str | None = None, label_selector: str | None = None) -> ListResult:
+        return self._list("/api/v1/pods", {"fieldSelector": field_selector, "labelSelector": label_selector})
+
+    def get_node(self, name: str) -> Obj:
+        return self._json("GET", f"/api/v1/nodes/{quote(name)}")
+
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        return self._json("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj:
+        meta: Obj = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return self._json(
+            "PATCH",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+            body={"metadata": meta},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
+        return self._json(
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}",
+            body={"metadata": {"annotations": dict(annotations)}},
+            content_type="application/merge-patch+json",
+        )
+
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
+        return self._json(
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}/status",
+            body={"status": {"capacity": dict(capacity), "allocatable": dict(capacity)}},
+            content_type="application/merge-patch+json",
+        )
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid or None},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if not uid:
+            del body["metadata"]["uid"]
+        # The response is a Status, not a Binding: read nothing from it.
+        self._open("POST", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding", body=body)
+
+    def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None:
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace", "default")
+        now = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta.get('name', 'pod')}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._json("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+    def watch_pods(
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        return self._watch(
+            "/api/v1/pods", {"resourceVersion": resource_version, "fieldSelector": field_selector}, timeout_seconds
+        )
+
+    def watch_nodes(
+        self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
+    ) -> Iterator[WatchEvent]:
+        return self._watch(
+            "/api/v1/nodes", {"resourceVersion": resource_version, "labelSelector": label_selector}, timeout_seconds
+        )

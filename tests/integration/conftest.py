@@ -1,0 +1,76 @@
+"""Integration fixtures: a real control plane (hack/build-k8s.sh), one per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+# `tests.controlplane` must import under plain `pytest`, not only `python -m pytest`.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.controlplane import ControlPlane
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "integration: runs against a real kube-apiserver built by hack/build-k8s.sh",
+    )
+
+
+@pytest.fixture(scope="session")
+def k8s_bin_dir() -> Path:
+    """Bin dir of the upstream binaries; builds them on first use (slow, cached).
+
+    GPUSHARE_K8S_BIN_DIR points at an already built dir and skips the script.
+    """
+    preset = os.environ.get("GPUSHARE_K8S_BIN_DIR")
+    if preset:
+        return Path(preset)
+    result = subprocess.run(
+        [str(REPO_ROOT / "hack" / "build-k8s.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        tail = "\n".join(result.stderr.splitlines()[-60:])
+        raise RuntimeError(f"hack/build-k8s.sh failed ({result.returncode}):\n{tail}")
+    lines = result.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(
+            f"hack/build-k8s.sh printed no bin dir; stderr:\n{result.stderr[-4000:]}"
+        )
+    return Path(lines[-1])
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver on loopback for the whole session; stopped at the end."""
+    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), k8s_bin_dir)
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    """Attach control-plane log tails to a failed test that used the control plane."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    cp = getattr(item, "funcargs", {}).get("control_plane")
+    if report.failed and isinstance(cp, ControlPlane):
+        report.sections.append(("control plane logs", cp.logs()))
