@@ -62,6 +62,10 @@ class Policy(Protocol):
         """How much this policy likes the node for the demand (higher is better; only order matters)."""
         ...
 
+    def observe(self, demand: Demand) -> None:
+        """Learn from a pod the cluster has seen (used by workload-aware policies; others ignore it)."""
+        ...
+
 
 class BinpackPolicy:
     """Best fit: the GPU(s) left with the least free memory, lowest index on ties."""
@@ -85,6 +89,9 @@ class BinpackPolicy:
         # Least stranded memory first; among equals, the fuller node.
         return -(stranded * 1_000_000 + node_free)
 
+    def observe(self, demand: Demand) -> None:
+        pass
+
 
 class SpreadPolicy:
     """Worst fit: the emptiest GPU(s) on the emptiest node, lowest index on ties."""
@@ -106,6 +113,9 @@ class SpreadPolicy:
         left = sum(by_index[i].free - demand.per_gpu for i in chosen)
         node_free = sum(g.free for g in node.gpus if g.healthy)
         return left * 1_000_000 + node_free
+
+    def observe(self, demand: Demand) -> None:
+        pass
 
 
 POLICIES: dict[str, type] = {"binpack": BinpackPolicy, "spread": SpreadPolicy}
