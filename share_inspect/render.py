@@ -1,0 +1,190 @@
+"""Pure renderers over a `Report`: the Aliyun-style summary and details tables, JSON and YAML.
+
+Each returns the whole text; the CLI decides where it goes. Colour and bars are opt-in through `Style`
+(the CLI turns them on for a terminal only), so the plain output is stable for scripts and golden tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import orjson
+import yaml
+
+from share_inspect.report import GpuRow, NodeRow, Report, percent, report_to_dict
+
+RULE = "-" * 80
+CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"
+UNHEALTHY_MARK = "!"
+
+_RESET = "\x1b[0m"
+_RED = "\x1b[31m"
+_YELLOW = "\x1b[33m"
+_GREEN = "\x1b[32m"
+_BOLD = "\x1b[1m"
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    """How fancy the text may be: ANSI colour, and a bar of `bar_width` cells per GPU (0: none)."""
+
+    color: bool = False
+    bar_width: int = 0
+
+    def paint(self, text: str, code: str) -> str:
+        return f"{code}{text}{_RESET}" if self.color and code and text else text
+
+
+PLAIN = Style()
+
+# A cell is its visible text and an ANSI code applied after padding, so columns line up in colour too.
+Cell = tuple[str, str]
+
+
+def _pct(used: int, total: int) -> int:
+    """Whole percent, rounded down like the Aliyun tool: 99.9% full is not shown as 100%."""
+    return int(percent(used, total))
+
+
+def _level(used: int, total: int, healthy: bool = True) -> str:
+    if not healthy or used > total:
+        return _RED
+    if total and used * 100 >= total * 90:
+        return _YELLOW
+    return _GREEN if used else ""
+
+
+def _bar(used: int, total: int, width: int) -> str:
+    filled = min(width, -(-used * width // total)) if total and used else 0
+    return "\u2588" * filled + "\u2591" * (width - filled)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Cell]], style: Style) -> list[str]:
+    """Left-aligned columns two spaces apart; no trailing blanks."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, (text, _) in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for row in rows:
+        last = len(row) - 1
+        parts = []
+        for i, (text, code) in enumerate(row):
+            pad = "" if i == last else " " * (widths[i] - len(text))
+            parts.append(style.paint(text, code) + pad)
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def _gpu_cell(g: GpuRow | None, style: Style) -> Cell:
+    if g is None:
+        return ("-", "")
+    text = f"{g.allocated}/{g.total}"
+    if not g.healthy:
+        text += UNHEALTHY_MARK
+    if style.bar_width:
+        text += " " + _bar(g.allocated, g.total, style.bar_width)
+    return (text, _level(g.allocated, g.total, g.healthy))
+
+
+def _cluster_lines(report: Report) -> list[str]:
+    return [RULE, CLUSTER_LINE, f"{report.allocated}/{report.total} ({_pct(report.allocated, report.total)}%)"]
+
+
+def _legend(report: Report) -> list[str]:
+    if any(not g.healthy for n in report.nodes for g in n.gpus):
+        return [f"{UNHEALTHY_MARK} unhealthy GPU: no new pods are placed on it"]
+    return []
+
+
+def render_summary(report: Report, style: Style = PLAIN) -> str:
+    """One row per node, one column per GPU index, PENDING only when some pod waits for a GPU."""
+    indices = report.gpu_indices
+    show_pending = report.pending > 0
+    header = ["NAME", "IPADDRESS", *(f"GPU{i}(Allocated/Total)" for i in indices)]
+    if show_pending:
+        header.append("PENDING(Allocated)")
+    header.append(f"GPU Memory({report.unit.value})")
+    rows: list[list[Cell]] = []
+    for n in report.nodes:
+        by_index = {g.index: g for g in n.gpus}
+        row: list[Cell] = [(n.name, _BOLD), (n.address or "-", "")]
+        row.extend(_gpu_cell(by_index.get(i), style) for i in indices)
+        if show_pending:
+            row.append((str(n.pending) if n.pending else "0", _YELLOW if n.pending else ""))
+        row.append((f"{n.allocated}/{n.total}", _level(n.allocated, n.total)))
+        rows.append(row)
+    lines = _table(header, rows, style)
+    lines.extend(_legend(report))
+    lines.extend(_cluster_lines(report))
+    return "\n".join(lines) + "\n"
+
+
+def _gpu_line(g: GpuRow, unit: str, style: Style) -> str:
+    health = "" if g.healthy else "  " + style.paint("UNHEALTHY", _RED)
+    bar = f"  {_bar(g.allocated, g.total, style.bar_width)}" if style.bar_width else ""
+    model = g.model or "unknown model"
+    return f"GPU{g.index}:  {model}  {g.uuid}  {g.allocated}/{g.total} {unit}{bar}{health}"
+
+
+def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
+    lines = [f"NAME:       {style.paint(n.name, _BOLD)}", f"IPADDRESS:  {n.address or '-'}"]
+    lines.extend(_gpu_line(g, unit, style) for g in n.gpus)
+    lines.append("")
+    indices = [g.index for g in n.gpus]
+    show_pending = n.pending > 0
+    header = ["NAME", "NAMESPACE", *(f"GPU{i}(Allocated)" for i in indices)]
+    if show_pending:
+        header.append("PENDING(Allocated)")
+    rows: list[list[Cell]] = []
+    for p in n.pods:
+        name = p.name if p.state != "allocating" else f"{p.name} (allocating)"
+        row: list[Cell] = [(name, ""), (p.namespace, "")]
+        row.extend((str(p.gpus.get(i, 0)), "") for i in indices)
+        if show_pending:
+            row.append((str(p.pending), _YELLOW if p.pending else ""))
+        rows.append(row)
+    allocated: list[Cell] = [("Allocated:", ""), ("", "")]
+    total: list[Cell] = [("Total:", ""), ("", "")]
+    for g in n.gpus:
+        allocated.append((f"{g.allocated} ({_pct(g.allocated, g.total)}%)", _level(g.allocated, g.total, g.healthy)))
+        total.append((str(g.total) + ("" if g.healthy else UNHEALTHY_MARK), ""))
+    if show_pending:
+        allocated.append((str(n.pending), _YELLOW))
+        total.append(("", ""))
+    rows.extend([allocated, total])
+    lines.extend(_table(header, rows, style))
+    lines.append(f"Node GPU Memory({unit}):  {n.allocated}/{n.total} ({_pct(n.allocated, n.total)}%)")
+    return lines
+
+
+def render_details(report: Report, style: Style = PLAIN) -> str:
+    """Per node: its GPUs, each pod with its namespace and memory on each GPU, and the node's totals."""
+    lines: list[str] = []
+    for n in report.nodes:
+        lines.extend(_node_details(n, report.unit.value, style))
+        lines.append(RULE)
+    lines.extend(_legend(report))
+    lines.extend(_cluster_lines(report)[1:])
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return orjson.dumps(report_to_dict(report), option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
+def render_yaml(report: Report) -> str:
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(report_to_dict(report), Dumper=dumper, sort_keys=False, default_flow_style=False)
+
+
+def render_problems(report: Report, limit: int = 20) -> str:
+    """Warnings for stderr: annotations we could not honour, so the numbers can be trusted or questioned."""
+    problems = report.problems
+    if not problems:
+        return ""
+    lines = [f"warning: {p}" for p in problems[:limit]]
+    if len(problems) > limit:
+        lines.append(f"warning: ... and {len(problems) - limit} more")
+    return "\n".join(lines) + "\n"
