@@ -1,0 +1,48 @@
+{{/*
+The KubeSchedulerConfiguration kube-scheduler starts from. Keep it in step with
+`share-scheduler print-config` (tests/unit/chart compares the two):
+  - profile gpushare-scheduler, the extender for filter, prioritize and bind;
+  - percentageOfNodesToScore 100: by default kube-scheduler stops looking after a sample of the
+    nodes in a large cluster, so the extender would never see the best-fitting GPU;
+  - a dominant extender weight and the score plugins that fight packing turned off: kube-scheduler
+    adds its own scores (least-allocated, balanced allocation, topology spread, image locality)
+    to ours, and those push pods apart while binpack wants them together.
+kube-scheduler reaches the extender on 127.0.0.1: they share the pod's network namespace.
+*/}}
+{{- define "gpushare.schedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: {{ .Values.scheduler.leaderElection.enabled }}
+  {{- if .Values.scheduler.leaderElection.enabled }}
+  resourceLock: leases
+  resourceName: {{ include "gpushare.leaseName" . }}
+  resourceNamespace: {{ .Release.Namespace }}
+  leaseDuration: {{ .Values.scheduler.leaderElection.leaseDuration }}
+  renewDeadline: {{ .Values.scheduler.leaderElection.renewDeadline }}
+  retryPeriod: {{ .Values.scheduler.leaderElection.retryPeriod }}
+  {{- end }}
+percentageOfNodesToScore: 100
+profiles:
+  - schedulerName: gpushare-scheduler
+    plugins:
+      score:
+        disabled:
+          - name: NodeResourcesBalancedAllocation
+          - name: NodeResourcesFit
+          - name: PodTopologySpread
+          - name: ImageLocality
+extenders:
+  - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.port }}/gpushare-scheduler
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    weight: {{ .Values.scheduler.extenderWeight }}
+    enableHTTPS: false
+    nodeCacheCapable: true
+    httpTimeout: {{ .Values.scheduler.httpTimeout }}
+    ignorable: false
+    managedResources:
+      - name: nvidia.com/gpu-mem
+        ignoredByScheduler: false
+{{- end }}
