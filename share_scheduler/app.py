@@ -1,0 +1,254 @@
+"""The extender's HTTP face: a Flask application factory over the cache, the policy and the binder.
+
+Status codes: kube-scheduler treats any status but 200 as a failed call and throws the body away, so
+a request it could have sent (a well-formed ExtenderArgs for a pod we cannot place) is answered 200
+with `Error` set — that message reaches the pod's FailedScheduling event. A body kube-scheduler would
+never send (not JSON, missing or mistyped fields) is answered 400, still with a JSON `Error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from flask import Flask, Response, request
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+import share_core
+from share_core.contract import EXTENDER_PREFIX, MemoryUnit
+from share_core.kube import KubeClient
+from share_core.request import InvalidRequest, PodRequest
+from share_scheduler.binder import Binder, BindError, parse_bind_args
+from share_scheduler.cache import ClusterCache, demand_of
+from share_scheduler.extender import (
+    BadRequest,
+    filter_nodes,
+    filter_result,
+    invalid_request_message,
+    parse_extender_args,
+    pod_demand,
+    prioritize,
+)
+from share_scheduler.placement import Policy, make_policy
+from share_scheduler.syncer import Syncer
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024 * 1024  # a NodeList of 5,000 full nodes is tens of MB
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _GpuCollector:
+    """Per-GPU gauges read from the cache at scrape time (no per-bind gauge bookkeeping to drift)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Any:
+        unit = self.cache.unit.value
+        allocated = GaugeMetricFamily(
+            "gpushare_gpu_memory_allocated", f"GPU memory promised to pods ({unit})", labels=["node", "gpu", "uuid"]
+        )
+        total = GaugeMetricFamily(
+            "gpushare_gpu_memory_total", f"GPU memory ({unit}); 0 when unhealthy", labels=["node", "gpu", "uuid"]
+        )
+        for node in self.cache.snapshot()["nodes"]:
+            for g in node["gpus"]:
+                labels = [node["name"], str(g["index"]), g["uuid"]]
+                allocated.add_metric(labels, g["allocated"])
+                total.add_metric(labels, g["total"] if g["healthy"] else 0)
+        synced = GaugeMetricFamily("gpushare_cache_synced", "1 once nodes and pods were fully listed")
+        synced.add_metric([], 1 if self.cache.synced else 0)
+        yield allocated
+        yield total
+        yield synced
+
+
+class Metrics:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "gpushare_extender_request_seconds",
+            "filter/prioritize/bind latency",
+            ["verb"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.bind_failures = Counter(
+            "gpushare_bind_failures", "binds that returned Error, by reason", ["reason"], registry=self.registry
+        )
+        self.binds = Counter("gpushare_binds", "successful binds", registry=self.registry)
+        self.registry.register(_GpuCollector(cache))
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status=status, mimetype="application/json")
+
+
+def _read_json() -> Any:
+    raw = request.get_data(cache=False)
+    if not raw:
+        raise BadRequest("request body is empty")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not JSON: {exc}") from exc
+
+
+def create_app(
+    kube: KubeClient,
+    policy: Policy | str = "binpack",
+    unit: MemoryUnit = MemoryUnit.GiB,
+    cache: ClusterCache | None = None,
+    start_sync: bool = True,
+    watch_timeout: int = 300,
+    assume_ttl: float | None = None,
+) -> Flask:
+    """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
+    process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts."""
+    if isinstance(policy, str):
+        policy = make_policy(policy)
+    if cache is None:
+        kw: dict[str, Any] = {"unit": unit}
+        if assume_ttl is not None:
+            kw["assume_ttl"] = assume_ttl
+        cache = ClusterCache(**kw)
+    metrics = Metrics(cache)
+    binder = Binder(kube, cache, policy, unit, on_failure=lambda r: metrics.bind_failures.labels(r).inc())
+
+    def observe(req: PodRequest) -> None:
+        # Workload-aware policies (frag) learn the pod-size distribution from every pod we see,
+        # the initial list included, so a restarted extender relearns it from the cluster.
+        with binder.policy_lock:
+            policy.observe(demand_of(req))
+
+    cache.set_observer(observe)
+    syncer = Syncer(kube, cache, watch_timeout=watch_timeout)
+
+    app = Flask("share_scheduler")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
+    app.extensions["gpushare"] = {"cache": cache, "binder": binder, "syncer": syncer, "metrics": metrics}
+
+    def timed(verb: str, fn: Callable[[], Response]) -> Response:
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            metrics.latency.labels(verb).observe(time.perf_counter() - start)
+
+    def do_filter() -> Response:
+        try:
+            args = parse_extender_args(_read_json())
+        except BadRequest as exc:
+            return _json(filter_error(str(exc)), 400)
+        try:
+            wanted = pod_demand(args.pod)
+        except InvalidRequest as exc:
+            return _json(filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc)))
+        if wanted is None:
+            return _json(filter_result(args, None, {}, {}))  # not ours: pass every node through
+        if not cache.synced:
+            return _json(filter_result(args, None, {}, {}, "gpushare extender is still syncing its cache; retry"))
+        _, demand = wanted
+        passed, failed, unresolvable = filter_nodes(demand, cache.entries(args.names), unit)
+        return _json(filter_result(args, passed, failed, unresolvable))
+
+    def do_prioritize() -> Response:
+        try:
+            args = parse_extender_args(_read_json())
+            wanted = pod_demand(args.pod)
+        except BadRequest as exc:
+            return _json({"Error": str(exc)}, 400)
+        except InvalidRequest as exc:
+            # kube-scheduler only logs a failed prioritize; 400 keeps our scores out of the sum.
+            return _json({"Error": str(exc)}, 400)
+        if wanted is None:
+            return _json([{"Host": n, "Score": 0} for n in args.names])
+        _, demand = wanted
+        entries = cache.entries(args.names)
+        with binder.policy_lock:
+            return _json(prioritize(policy, demand, entries))
+
+    def do_bind() -> Response:
+        try:
+            args = parse_bind_args(_read_json())
+        except BadRequest as exc:
+            metrics.bind_failures.labels("bad_request").inc()
+            return _json({"Error": str(exc)}, 400)
+        if not cache.synced:
+            metrics.bind_failures.labels("not_synced").inc()
+            return _json({"Error": "gpushare extender is still syncing its cache; retry"})
+        try:
+            binder.bind(args)
+        except BindError as exc:
+            return _json({"Error": str(exc)})
+        metrics.binds.inc()
+        return _json({"Error": ""})
+
+    @app.post(f"{EXTENDER_PREFIX}/filter")
+    def filter_route() -> Response:
+        return timed("filter", do_filter)
+
+    @app.post(f"{EXTENDER_PREFIX}/prioritize")
+    def prioritize_route() -> Response:
+        return timed("prioritize", do_prioritize)
+
+    @app.post(f"{EXTENDER_PREFIX}/bind")
+    def bind_route() -> Response:
+        return timed("bind", do_bind)
+
+    @app.get(f"{EXTENDER_PREFIX}/inspect")
+    def inspect_all() -> Response:
+        return _json(cache.snapshot())
+
+    @app.get(f"{EXTENDER_PREFIX}/inspect/<node>")
+    def inspect_node(node: str) -> Response:
+        view = cache.snapshot(node)
+        if not view["nodes"]:
+            return _json({"Error": f"node {node} is not known to the gpushare extender"}, 404)
+        return _json(view)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if cache.synced:
+            return _json({"status": "ready"})
+        return _json({"status": "syncing: nodes and pods not yet fully listed"}, 503)
+
+    @app.get("/version")
+    def version() -> Response:
+        return _json({"version": share_core.__version__, "policy": getattr(policy, "name", str(policy))})
+
+    @app.get("/metrics")
+    def metrics_route() -> Response:
+        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(413)
+    def too_large(_: Any) -> Response:
+        return _json({"Error": f"request body larger than {MAX_BODY} bytes"}, 413)
+
+    @app.errorhandler(Exception)
+    def unhandled(exc: Exception) -> Response:
+        from werkzeug.exceptions import HTTPException
+
+        if isinstance(exc, HTTPException):
+            return _json({"Error": exc.description or exc.name}, exc.code or 500)
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return _json({"Error": f"internal error: {exc!r}"}, 500)
+
+    if start_sync:
+        syncer.start()
+    return app
+
+
+def filter_error(message: str) -> dict[str, Any]:
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}

@@ -1,0 +1,442 @@
+"""The extender's view of the cluster: each node's GPUs and what is promised on each of them.
+
+Functional core, imperative shell: `pod_record` and `Contribution` turn API objects into plain facts,
+and `ClusterCache` keeps per-node *used* vectors that are updated incrementally as facts change, so
+filter never walks pods (5,000 nodes x 8 GPUs with 40,000 pods must stay in milliseconds).
+
+Two sources of truth are merged:
+- the API server (list + watch): a pod counts on a GPU when it is bound to a node, carries our
+  assignment annotations and has not finished;
+- our own binds, which count *before* the API server shows them ("assumed" pods, in a TTLCache): from
+  the moment bind chooses a GPU until the watch shows the pod bound, is rolled back, or the TTL expires
+  (a Binding that never appeared).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import TTLCache
+
+from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished, pod_key, pod_node
+from share_core.contract import MemoryUnit
+from share_core.gpus import GpuInfo, node_gpus
+from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_scheduler.placement import Demand, GpuSlot, NodeState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ASSUME_TTL = 300.0  # seconds an assumed pod counts without the API server confirming its Binding
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """What one pod takes on one node: `per_gpu` units on each of `indices`."""
+
+    node: str
+    indices: tuple[int, ...]
+    per_gpu: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """The facts about a pod that matter to GPU accounting (no full pod dicts are kept: memory)."""
+
+    key: str
+    uid: str
+    node: str
+    contribution: Contribution | None  # None: holds no GPU memory (no assignment, finished, unbound)
+    assigned: bool = False
+    problem: str = ""  # garbage annotations we could not honour
+
+
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    uid: str
+    contribution: Contribution
+    since: float
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord:
+    """Pure: what a pod from the API server holds. Unbound or finished pods hold nothing."""
+    key = pod_key(pod)
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    node = pod_node(pod)
+    if not node or pod_is_finished(pod):
+        return PodRecord(key, uid, node, None)
+    try:
+        assignment = parse_assignment(pod_annotations(pod))
+    except InvalidRequest as exc:
+        return PodRecord(key, uid, node, None, problem=str(exc))
+    if assignment is None:
+        return PodRecord(key, uid, node, None)
+    return PodRecord(
+        key, uid, node, Contribution(node, assignment.gpu_indices, assignment.per_gpu), assignment.assigned
+    )
+
+
+def demand_of(request: PodRequest) -> Demand:
+    return Demand(per_gpu=request.per_gpu, count=request.gpu_count, models=request.models)
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One node: its GPUs (index order) and units promised on each, plus a memo of the placement view."""
+
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    used: list[int]
+    position: dict[int, int]  # GPU index -> position in `gpus`
+    problem: str = ""
+    _state: NodeState | None = field(default=None, repr=False)
+    _free_desc: tuple[int, ...] | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, name: str, gpus: Iterable[GpuInfo], problem: str = "") -> NodeEntry:
+        ordered = tuple(sorted(gpus, key=lambda g: g.index))
+        return cls(name, ordered, [0] * len(ordered), {g.index: i for i, g in enumerate(ordered)}, problem)
+
+    def touch(self) -> None:
+        self._state = None
+        self._free_desc = None
+
+    def state(self) -> NodeState:
+        """The plain-data view placement policies take (memoised until the node changes)."""
+        if self._state is None:
+            self._state = NodeState(
+                self.name,
+                tuple(
+                    GpuSlot(g.index, g.model, g.memory, max(g.memory - u, 0), g.healthy)
+                    for g, u in zip(self.gpus, self.used, strict=True)
+                ),
+            )
+        return self._state
+
+    def free_desc(self) -> tuple[int, ...]:
+        """Free units of the healthy GPUs, largest first: `fits` for any-model demands in O(1)."""
+        if self._free_desc is None:
+            self._free_desc = tuple(
+                sorted(
+                    (max(g.memory - u, 0) for g, u in zip(self.gpus, self.used, strict=True) if g.healthy),
+                    reverse=True,
+                )
+            )
+        return self._free_desc
+
+
+class ClusterCache:
+    """Thread-safe cluster view. Writers: the watch threads and the binder; readers: HTTP handlers."""
+
+    def __init__(
+        self,
+        unit: MemoryUnit = MemoryUnit.GiB,
+        assume_ttl: float = DEFAULT_ASSUME_TTL,
+        timer: Callable[[], float] = time.monotonic,
+        on_new_pod: Callable[[PodRequest], None] | None = None,
+    ) -> None:
+        self.unit = unit
+        self._lock = threading.RLock()
+        self._timer = timer
+        self._nodes: dict[str, NodeEntry] = {}
+        self._pods: dict[str, PodRecord] = {}
+        self._assumed: TTLCache[str, Assumed] = TTLCache(maxsize=1_000_000, ttl=assume_ttl, timer=timer)
+        self._counted: dict[str, Contribution] = {}  # what each pod currently adds to the used vectors
+        self._seen_requests: set[str] = set()  # pods already reported to on_new_pod (uid or key)
+        self._on_new_pod = on_new_pod
+        self._synced = {"nodes": False, "pods": False}
+        self.generation = 0  # bumps on every change; cheap "did anything move" for callers
+
+    def set_observer(self, on_new_pod: Callable[[PodRequest], None] | None) -> None:
+        """Called once per pod that asks for GPU memory (under the cache lock: keep it quick)."""
+        with self._lock:
+            self._on_new_pod = on_new_pod
+
+    # -- sync state ------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        with self._lock:
+            return all(self._synced.values())
+
+    # -- internal: keep used vectors equal to the sum of contributions ---------------------------
+
+    def _apply(self, c: Contribution, sign: int) -> None:
+        entry = self._nodes.get(c.node)
+        if entry is None:
+            return
+        for index in c.indices:
+            pos = entry.position.get(index)
+            if pos is not None:
+                entry.used[pos] += sign * c.per_gpu
+        entry.touch()
+
+    def _effective(self, key: str) -> Contribution | None:
+        """Pure rule: a pod bound per the API counts as the API says; else our assumption counts."""
+        record = self._pods.get(key)
+        if record is not None and record.node:
+            return record.contribution
+        assumed = self._assumed.get(key)
+        return assumed.contribution if assumed is not None else None
+
+    def _refresh(self, key: str) -> None:
+        want = self._effective(key)
+        have = self._counted.get(key)
+        if want == have:
+            return
+        if have is not None:
+            self._apply(have, -1)
+            del self._counted[key]
+        if want is not None:
+            self._apply(want, +1)
+            self._counted[key] = want
+        self.generation += 1
+
+    def _expire(self) -> None:
+        expired = list(self._assumed.expire())
+        for key, assumed in expired:
+            log.warning(
+                "assumed pod %s on node %s GPU %s expired: no Binding seen within %.0fs; its memory is free again",
+                key,
+                assumed.contribution.node,
+                ",".join(map(str, assumed.contribution.indices)),
+                self._assumed.ttl,
+            )
+            self._refresh(key)
+
+    def _recount_node(self, name: str) -> None:
+        entry = self._nodes.get(name)
+        if entry is None:
+            return
+        entry.used = [0] * len(entry.gpus)
+        for c in self._counted.values():
+            if c.node == name:
+                for index in c.indices:
+                    pos = entry.position.get(index)
+                    if pos is not None:
+                        entry.used[pos] += c.per_gpu
+        entry.touch()
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def _node_entry(self, node: Mapping[str, Any]) -> NodeEntry:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        try:
+            return NodeEntry.build(name, node_gpus(node))
+        except InvalidRequest as exc:
+            log.warning("node %s: ignoring its GPUs: %s", name, exc)
+            return NodeEntry.build(name, (), problem=str(exc))
+
+    def _set_node_locked(self, node: Mapping[str, Any]) -> None:
+        entry = self._node_entry(node)
+        old = self._nodes.get(entry.name)
+        if old is not None and old.gpus == entry.gpus and old.problem == entry.problem:
+            return
+        self._nodes[entry.name] = entry
+        self._recount_node(entry.name)
+        self.generation += 1
+
+    def upsert_node(self, node: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._set_node_locked(node)
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            if self._nodes.pop(name, None) is not None:
+                self.generation += 1
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: the nodes it lacks are gone."""
+        with self._lock:
+            names = set()
+            for node in nodes:
+                self._set_node_locked(node)
+                names.add(str((node.get("metadata") or {}).get("name") or ""))
+            for name in set(self._nodes) - names:
+                del self._nodes[name]
+                self.generation += 1
+            self._synced["nodes"] = True
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def _note_request(self, pod: Mapping[str, Any], key: str, uid: str) -> None:
+        """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive)."""
+        if self._on_new_pod is None:
+            return
+        ident = uid or key
+        if ident in self._seen_requests:
+            return
+        try:
+            request = pod_request(pod)
+        except InvalidRequest:
+            return
+        if request is None:
+            return
+        self._seen_requests.add(ident)
+        self._on_new_pod(request)
+
+    def _set_pod_locked(self, pod: Mapping[str, Any]) -> None:
+        record = pod_record(pod)
+        old = self._pods.get(record.key)
+        if old is not None and old.uid == record.uid and old.node and not record.node:
+            # nodeName never goes from set to unset for one pod: this event predates the Binding.
+            return
+        self._note_request(pod, record.key, record.uid)
+        self._pods[record.key] = record
+        assumed = self._assumed.get(record.key)
+        if assumed is not None and (record.node or (assumed.uid and record.uid and assumed.uid != record.uid)):
+            # The API server now says where the pod is (or it is another pod by that name): trust it.
+            del self._assumed[record.key]
+        if record.node and record.contribution is None and pod_is_finished(pod):
+            self._assumed.pop(record.key, None)
+        self._refresh(record.key)
+
+    def _drop_pod_locked(self, key: str) -> None:
+        record = self._pods.pop(key, None)
+        self._assumed.pop(key, None)
+        if record is not None:
+            self._seen_requests.discard(record.uid or key)
+        self._refresh(key)
+
+    def upsert_pod(self, pod: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._expire()
+            self._set_pod_locked(pod)
+
+    def delete_pod(self, pod: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._expire()
+            self._drop_pod_locked(pod_key(pod))
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: pods it lacks are gone (assumed pods stay: the list may predate their bind)."""
+        with self._lock:
+            self._expire()
+            keys = set()
+            for pod in pods:
+                self._set_pod_locked(pod)
+                keys.add(pod_key(pod))
+            for key in set(self._pods) - keys:
+                record = self._pods.pop(key)
+                self._seen_requests.discard(record.uid or key)
+                self._refresh(key)
+            self._synced["pods"] = True
+
+    # -- the binder's side -----------------------------------------------------------------------
+
+    def assume(self, key: str, uid: str, contribution: Contribution) -> None:
+        """Count a pod on its chosen GPUs now, before the API server shows it bound."""
+        with self._lock:
+            self._expire()
+            self._assumed[key] = Assumed(uid, contribution, self._timer())
+            record = self._pods.get(key)
+            if record is not None and record.node:
+                # A stale bound record for this name (a deleted pod we have not heard of): ours wins.
+                self._pods[key] = PodRecord(record.key, uid, "", None)
+            self._refresh(key)
+
+    def forget(self, key: str) -> None:
+        """Roll back an assumption (the bind failed)."""
+        with self._lock:
+            self._assumed.pop(key, None)
+            self._refresh(key)
+
+    # -- readers ---------------------------------------------------------------------------------
+
+    def node_state(self, name: str) -> NodeState | None:
+        with self._lock:
+            self._expire()
+            entry = self._nodes.get(name)
+            return entry.state() if entry is not None else None
+
+    def entries(self, names: Iterable[str]) -> list[tuple[str, NodeEntry | None]]:
+        """Snapshot of the named nodes for filter/prioritize (entries are read under the lock)."""
+        with self._lock:
+            self._expire()
+            out = []
+            for name in names:
+                entry = self._nodes.get(name)
+                if entry is not None:
+                    entry.state()
+                    entry.free_desc()
+                out.append((name, entry))
+            return out
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def usage(self) -> dict[str, dict[int, int]]:
+        """node -> GPU index -> units promised (what the tests compare with the annotations)."""
+        with self._lock:
+            self._expire()
+            return {name: {g.index: u for g, u in zip(e.gpus, e.used, strict=True)} for name, e in self._nodes.items()}
+
+    def snapshot(self, node: str | None = None) -> dict[str, Any]:
+        """The /inspect view: per node, per GPU, who holds what; pods chosen but not yet bound."""
+        with self._lock:
+            self._expire()
+            holders: dict[str, dict[int, list[dict[str, Any]]]] = {}
+            for key, c in self._counted.items():
+                record = self._pods.get(key)
+                bound = record is not None and bool(record.node)
+                for index in c.indices:
+                    holders.setdefault(c.node, {}).setdefault(index, []).append(
+                        {
+                            "pod": key,
+                            "memory": c.per_gpu,
+                            "bound": bound,
+                            "assigned": bool(record.assigned) if bound and record else False,
+                        }
+                    )
+            names = [node] if node is not None else sorted(self._nodes)
+            nodes = []
+            for name in names:
+                entry = self._nodes.get(name)
+                if entry is None:
+                    continue
+                gpus = []
+                for g, used in zip(entry.gpus, entry.used, strict=True):
+                    pods = sorted(holders.get(name, {}).get(g.index, []), key=lambda p: p["pod"])
+                    gpus.append(
+                        {
+                            "index": g.index,
+                            "uuid": g.uuid,
+                            "model": g.model,
+                            "healthy": g.healthy,
+                            "total": g.memory,
+                            "allocated": used,
+                            "free": max(g.memory - used, 0),
+                            "pods": pods,
+                        }
+                    )
+                item: dict[str, Any] = {
+                    "name": name,
+                    "total": sum(g.memory for g in entry.gpus),
+                    "allocated": sum(entry.used),
+                    "gpus": gpus,
+                }
+                if entry.problem:
+                    item["problem"] = entry.problem
+                nodes.append(item)
+            pending = sorted(
+                (
+                    {
+                        "pod": key,
+                        "node": a.contribution.node,
+                        "gpus": list(a.contribution.indices),
+                        "memory": a.contribution.per_gpu * len(a.contribution.indices),
+                    }
+                    for key, a in self._assumed.items()
+                    if self._counted.get(key) == a.contribution and not (self._pods.get(key) and self._pods[key].node)
+                ),
+                key=lambda p: p["pod"],
+            )
+            if node is not None:
+                pending = [p for p in pending if p["node"] == node]
+            problems = sorted(f"pod {r.key}: {r.problem}" for r in self._pods.values() if r.problem)
+            return {"unit": self.unit.value, "nodes": nodes, "pending": pending, "problems": problems}

@@ -1,0 +1,121 @@
+"""`share-scheduler`: serve the extender under gunicorn, or print the kube-scheduler configuration."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
+from share_scheduler.config import DEFAULT_EXTENDER_URL, print_config
+from share_scheduler.placement import POLICIES
+
+log = logging.getLogger("share_scheduler")
+
+
+class ExtenderServer(BaseApplication):  # type: ignore[misc]
+    """gunicorn, configured in code: ONE worker process with threads.
+
+    Why one worker: the cache, the per-node bind locks and the assumed pods live in this process's
+    memory. Two workers would each hold their own view and could promise the same GPU memory twice.
+    One is also all that is ever needed: kube-scheduler's leader election means a single scheduler,
+    hence a single extender, is called at a time; threads let filter/prioritize run while a bind waits
+    on the API server.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        super().__init__()
+
+    def load_config(self) -> None:
+        a = self.args
+        settings: dict[str, Any] = {
+            "bind": [f"{a.bind_address}:{a.port}"],
+            "workers": 1,
+            "worker_class": "gthread",
+            "threads": a.threads,
+            "timeout": 120,  # a 5,000-node list at start must not look like a hung worker
+            "graceful_timeout": 10,
+            "loglevel": a.log_level.lower(),
+            "accesslog": "-" if a.log_level.upper() == "DEBUG" else None,
+            "preload_app": False,  # build the app (and start its watch threads) in the worker, after fork
+        }
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        from share_core.kube import ApiServerClient
+        from share_scheduler.app import create_app
+
+        a = self.args
+        kube = ApiServerClient.from_kubeconfig(a.kubeconfig, a.context, component="gpushare-scheduler")
+        log.info(
+            "gpushare extender: policy %s, unit %s, %d threads, listening on %s:%d",
+            a.policy,
+            a.memory_unit,
+            a.threads,
+            a.bind_address,
+            a.port,
+        )
+        return create_app(kube, policy=a.policy, unit=MemoryUnit.parse(a.memory_unit), assume_ttl=a.assume_ttl)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="share-scheduler", description="gpushare kube-scheduler extender")
+    sub = parser.add_subparsers(dest="command")
+
+    def serve_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--port", type=int, default=EXTENDER_DEFAULT_PORT, help="HTTP port (default %(default)s)")
+        p.add_argument(
+            "--bind-address", default="0.0.0.0", help="address to listen on (default %(default)s; tests use 127.0.0.1)"
+        )
+        p.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
+        p.add_argument("--context", default=None, help="kubeconfig context")
+        p.add_argument(
+            "--policy", default="binpack", choices=sorted(POLICIES), help="placement policy (default %(default)s)"
+        )
+        p.add_argument("--threads", type=int, default=8, help="gunicorn threads in the one worker (default 8)")
+        p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        p.add_argument("--memory-unit", default="GiB", choices=[u.value for u in MemoryUnit])
+        p.add_argument(
+            "--assume-ttl",
+            type=float,
+            default=300.0,
+            help="seconds a pod whose bind chose a GPU counts before its Binding is seen (default %(default)s)",
+        )
+
+    serve = sub.add_parser("serve", help="serve the extender (the default command)")
+    serve_flags(serve)
+    cfg = sub.add_parser("print-config", help="print a KubeSchedulerConfiguration that uses this extender")
+    cfg.add_argument("--extender-url", default=DEFAULT_EXTENDER_URL, help="extender URL prefix (default %(default)s)")
+    cfg.add_argument("--kubeconfig", default=None, help="kubeconfig for kube-scheduler's clientConnection")
+    cfg.add_argument(
+        "--leader-elect", action=argparse.BooleanOptionalAction, default=True, help="kube-scheduler leader election"
+    )
+    serve_flags(parser)  # `share-scheduler --port ...` serves, too
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "print-config":
+        sys.stdout.write(
+            print_config(extender_url=args.extender_url, kubeconfig=args.kubeconfig, leader_elect=args.leader_elect)
+        )
+        return 0
+    if args.threads < 1 or not 0 < args.port < 65536:
+        print("share-scheduler: --threads must be >= 1 and --port in 1..65535", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    ExtenderServer(args).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""`share-scheduler print-config`: the KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) that
+wires kube-scheduler to this extender. Field names follow upstream `k8s.io/kube-scheduler/config/v1`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from share_core.contract import EXTENDER_DEFAULT_PORT, EXTENDER_PREFIX, RESOURCE_MEM, SCHEDULER_NAME
+
+DEFAULT_EXTENDER_URL = f"http://127.0.0.1:{EXTENDER_DEFAULT_PORT}{EXTENDER_PREFIX}"
+
+# Score plugins whose preferences fight GPU packing: NodeResourcesFit scores LeastAllocated by default
+# (it spreads), BalancedAllocation spreads to even out CPU/memory, PodTopologySpread's default system
+# constraints spread replicas over hosts, ImageLocality pulls pods to wherever an image is cached.
+# Their Filter stages stay on: only their scores are turned off.
+SCORE_PLUGINS_DISABLED = (
+    "NodeResourcesFit",
+    "NodeResourcesBalancedAllocation",
+    "PodTopologySpread",
+    "ImageLocality",
+)
+
+# The extender's 0..10 score is multiplied by weight and by 10 (MaxNodeScore / MaxExtenderPriority).
+# The plugins left scoring (TaintToleration 3, NodeAffinity 2, InterPodAffinity 2: at most 700 in all)
+# stay below one step of ours (1 x 100 x 10 = 1000): user preferences break our ties, never override us.
+EXTENDER_WEIGHT = 100
+
+HTTP_TIMEOUT = "30s"  # bind may wait for the node lock behind other binds, and retries conflicts
+
+
+def scheduler_config(
+    extender_url: str = DEFAULT_EXTENDER_URL,
+    kubeconfig: str | None = None,
+    leader_elect: bool = True,
+    scheduler_name: str = SCHEDULER_NAME,
+) -> dict[str, Any]:
+    """The configuration as plain data (tests validate its shape; print_config renders it)."""
+    config: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "leaderElection": {
+            "leaderElect": leader_elect,
+            "resourceNamespace": "kube-system",
+            "resourceName": scheduler_name,
+        },
+        # Score every feasible node: by default a large cluster sends the extender only a sample
+        # (adaptive, down to 5%), and binpack cannot find the fullest GPU among nodes it never sees.
+        "percentageOfNodesToScore": 100,
+        "profiles": [
+            {
+                "schedulerName": scheduler_name,
+                "plugins": {"score": {"disabled": [{"name": n} for n in SCORE_PLUGINS_DISABLED]}},
+            }
+        ],
+        "extenders": [
+            {
+                "urlPrefix": extender_url.rstrip("/"),
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "bindVerb": "bind",
+                "weight": EXTENDER_WEIGHT,
+                "httpTimeout": HTTP_TIMEOUT,
+                # Node names only: the extender has its own node cache (5,000 full nodes are tens of MB).
+                "nodeCacheCapable": True,
+                # Only pods asking for GPU memory reach the extender; kube-scheduler still checks the
+                # node-level capacity of the resource itself (ignoredByScheduler false).
+                "managedResources": [{"name": RESOURCE_MEM, "ignoredByScheduler": False}],
+                # Not ignorable: without the extender no GPU is chosen, and a bound pod would lack its GPU.
+                "ignorable": False,
+            }
+        ],
+    }
+    if kubeconfig:
+        config["clientConnection"] = {"kubeconfig": kubeconfig}
+    return config
+
+
+HEADER = """\
+# KubeSchedulerConfiguration for the gpushare scheduler extender (share-scheduler print-config).
+# - percentageOfNodesToScore: 100 -- kube-scheduler otherwise scores only a sample of a large
+#   cluster's nodes, and the placement policy cannot pick a node it is never shown.
+# - the extender's prioritize weight ({weight}) dominates: one step of its 0..10 score is worth
+#   {step} points, more than every score plugin left enabled together.
+# - score plugins that spread pods are disabled for this profile (their filters still run):
+#   {disabled}.
+# - nodeCacheCapable: the extender keeps its own node cache, so kube-scheduler sends node names only.
+"""
+
+
+def print_config(**kw: Any) -> str:
+    header = HEADER.format(
+        weight=EXTENDER_WEIGHT, step=EXTENDER_WEIGHT * 10, disabled=", ".join(SCORE_PLUGINS_DISABLED)
+    )
+    return header + yaml.safe_dump(scheduler_config(**kw), sort_keys=False)

@@ -1,0 +1,211 @@
+"""filter and prioritize: pure functions from kube-scheduler's request and the cache's node view to
+the `k8s.io/kube-scheduler/extender/v1` result (JSON keys are the Go field names, as upstream has no
+json tags on these types).
+
+kube-scheduler semantics this follows:
+- any HTTP status but 200 fails the call; so does a 200 whose `Error` is set (filter, bind);
+- filter: with `nodeCacheCapable: true` the request carries `NodeNames` and the answer must carry
+  `NodeNames`; otherwise `Nodes` (a NodeList) in and out. Nodes in `FailedAndUnresolvableNodes` are
+  skipped by preemption (evicting pods would not help), those in `FailedNodes` are not;
+- prioritize: `[{Host, Score}]`, Score in 0..MaxExtenderPriority (10); kube-scheduler multiplies it by
+  the extender's weight and by MaxNodeScore/MaxExtenderPriority; its errors are only logged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from share_core.contract import RESOURCE_MEM, MemoryUnit
+from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_scheduler.cache import NodeEntry, demand_of
+from share_scheduler.placement import Demand, Policy, fits
+
+MAX_EXTENDER_PRIORITY = 10
+
+
+class BadRequest(ValueError):
+    """The request is not what kube-scheduler sends (malformed JSON, missing or mistyped fields)."""
+
+
+def _field(body: Mapping[str, Any], name: str) -> Any:
+    """Go's encoding/json matches keys case-insensitively; accept `Pod` and `pod` alike."""
+    if name in body:
+        return body[name]
+    lowered = name.lower()
+    for k, v in body.items():
+        if isinstance(k, str) and k.lower() == lowered:
+            return v
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    node_names: list[str] | None  # nodeCacheCapable
+    nodes: Mapping[str, Any] | None  # the NodeList as sent, otherwise
+    node_items: list[Mapping[str, Any]]
+
+    @property
+    def names(self) -> list[str]:
+        if self.node_names is not None:
+            return self.node_names
+        return [str((n.get("metadata") or {}).get("name") or "") for n in self.node_items]
+
+
+def parse_extender_args(body: Any) -> ExtenderArgs:
+    """Validate an ExtenderArgs body; raises BadRequest naming the problem."""
+    if not isinstance(body, Mapping):
+        raise BadRequest("request body must be a JSON object (ExtenderArgs)")
+    pod = _field(body, "Pod")
+    if not isinstance(pod, Mapping):
+        raise BadRequest("ExtenderArgs.Pod is missing or not an object")
+    meta = pod.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise BadRequest("ExtenderArgs.Pod.metadata is not an object")
+    if meta is not None and not isinstance(meta.get("annotations") or {}, Mapping):
+        raise BadRequest("ExtenderArgs.Pod.metadata.annotations is not an object")
+    names = _field(body, "NodeNames")
+    nodes = _field(body, "Nodes")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("ExtenderArgs.NodeNames must be a list of node names")
+        return ExtenderArgs(pod, list(names), None, [])
+    if nodes is not None:
+        if not isinstance(nodes, Mapping):
+            raise BadRequest("ExtenderArgs.Nodes must be a NodeList object")
+        items = nodes.get("items") or []
+        if not isinstance(items, list) or not all(
+            isinstance(n, Mapping) and isinstance(n.get("metadata") or {}, Mapping) for n in items
+        ):
+            raise BadRequest("ExtenderArgs.Nodes.items must be a list of Node objects")
+        for n in items:
+            if not isinstance((n.get("metadata") or {}).get("name"), str):
+                raise BadRequest("ExtenderArgs.Nodes.items holds a node without metadata.name")
+        return ExtenderArgs(pod, None, nodes, list(items))
+    raise BadRequest("ExtenderArgs has neither NodeNames nor Nodes")
+
+
+def pod_demand(pod: Mapping[str, Any]) -> tuple[PodRequest, Demand] | None:
+    """The pod's request and placement demand; None if it does not ask for GPU memory.
+
+    Raises InvalidRequest (the message names the problem)."""
+    request = pod_request(pod)
+    if request is None:
+        return None
+    return request, demand_of(request)
+
+
+def _fmt_free(entry: NodeEntry, unit: MemoryUnit) -> str:
+    parts = []
+    for g, used in zip(entry.gpus, entry.used, strict=True):
+        note = "" if g.healthy else " (unhealthy)"
+        parts.append(f"{g.index}:{max(g.memory - used, 0)} {unit.value}{note}")
+    return ", ".join(parts)
+
+
+def _need(demand: Demand, unit: MemoryUnit) -> str:
+    where = "on one GPU" if demand.count == 1 else f"on each of {demand.count} GPUs"
+    text = f"pod needs {demand.per_gpu} {unit.value} {where}"
+    if demand.models:
+        text += f" of model {'|'.join(demand.models)}"
+    return text
+
+
+def node_fits(entry: NodeEntry, demand: Demand) -> bool:
+    """Fast path over the memoised free vector; the placement module's `fits` is the reference."""
+    if not demand.models:
+        free = entry.free_desc()
+        return len(free) >= demand.count and free[demand.count - 1] >= demand.per_gpu
+    return fits(entry.state(), demand)
+
+
+def unfit_reason(entry: NodeEntry, demand: Demand, unit: MemoryUnit) -> tuple[str, bool]:
+    """Why the demand does not fit, for a person; and whether it never could (preemption won't help)."""
+    if entry.problem:
+        return f"node's {RESOURCE_MEM} inventory is unreadable: {entry.problem}", True
+    if not entry.gpus:
+        return f"node offers no {RESOURCE_MEM} (no gpushare GPUs)", True
+    candidates = [g for g in entry.gpus if g.healthy and demand.model_allowed(g.model)]
+    could_ever = sum(1 for g in candidates if g.memory >= demand.per_gpu) >= demand.count
+    reason = f"GPUs free: {_fmt_free(entry, unit)}; {_need(demand, unit)}"
+    if not candidates and demand.models:
+        models = ", ".join(sorted({g.model or "unknown" for g in entry.gpus}))
+        reason += f"; no healthy GPU of an allowed model here (node has: {models})"
+    elif not could_ever:
+        reason += "; no GPU here is that large even when empty"
+    return reason, not could_ever
+
+
+def filter_nodes(
+    demand: Demand, entries: Sequence[tuple[str, NodeEntry | None]], unit: MemoryUnit
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Pure: (passing names, FailedNodes, FailedAndUnresolvableNodes)."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for name, entry in entries:
+        if entry is None:
+            failed[name] = "node is not known to the gpushare extender yet (no such node, or its watch lags)"
+            continue
+        if node_fits(entry, demand):
+            passed.append(name)
+            continue
+        reason, never = unfit_reason(entry, demand, unit)
+        (unresolvable if never else failed)[name] = reason
+    return passed, failed, unresolvable
+
+
+def filter_result(
+    args: ExtenderArgs, passed: list[str] | None, failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
+) -> dict[str, Any]:
+    """The ExtenderFilterResult in the form the request came in (NodeNames or Nodes)."""
+    keep = args.names if passed is None else passed
+    result: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable,
+        "Error": error,
+    }
+    if error:
+        return result
+    if args.node_names is not None:
+        result["NodeNames"] = list(keep)
+    else:
+        wanted = set(keep)
+        node_list = dict(args.nodes or {})
+        node_list["items"] = [n for n in args.node_items if (n.get("metadata") or {}).get("name") in wanted]
+        result["Nodes"] = node_list
+    return result
+
+
+def normalise_scores(raw: Mapping[str, float]) -> dict[str, int]:
+    """Dense rank onto 1..10: the policy's best node(s) get 10, the next distinct score 9, ...
+
+    Linear scaling would squash a 1 GiB best-fit difference on a wide range into one bucket and let
+    kube-scheduler pick at random among ties; ranks keep the policy's first choice on top.
+    Nodes the demand does not fit (score -inf) get 0.
+    """
+    finite = sorted({s for s in raw.values() if math.isfinite(s) or s == math.inf}, reverse=True)
+    rank = {s: max(MAX_EXTENDER_PRIORITY - i, 1) for i, s in enumerate(finite)}
+    return {name: rank.get(s, 0) for name, s in raw.items()}
+
+
+def prioritize(policy: Policy, demand: Demand, entries: Sequence[tuple[str, NodeEntry | None]]) -> list[dict[str, Any]]:
+    """HostPriorityList for the candidate nodes, in request order."""
+    raw: dict[str, float] = {}
+    for name, entry in entries:
+        if entry is None or not node_fits(entry, demand):
+            raw[name] = float("-inf")
+        else:
+            raw[name] = policy.score(entry.state(), demand)
+    scores = normalise_scores(raw)
+    return [{"Host": name, "Score": scores[name]} for name, _ in entries]
+
+
+def invalid_request_message(pod: Mapping[str, Any], exc: InvalidRequest) -> str:
+    meta = pod.get("metadata") or {}
+    return f"pod {meta.get('namespace', 'default')}/{meta.get('name', '?')}: {exc}"

@@ -1,0 +1,110 @@
+"""Feed the cache from the API server: list, then watch; on any break, back off and list again.
+
+Each resource (nodes, pods) has its own thread. A watch that ends — server timeout, connection lost,
+410 Gone — is followed by a fresh list that *replaces* the cache's view: whatever was missed while
+no watch was open is repaired, so the cache cannot drift from the API server for longer than one
+list. (A watch resumed from its resourceVersion would skip the list, but a list per watch cycle is
+what keeps a missed event from living forever; it costs one paginated list every few minutes.)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+from share_core.kube import Gone, KubeClient, KubeError, ListResult, WatchEvent
+from share_core.retry import Backoff
+from share_scheduler.cache import ClusterCache
+
+log = logging.getLogger(__name__)
+
+
+class Syncer:
+    """Two reflector threads; `stop()` ends them (a watch in progress ends at its next event or timeout)."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        cache: ClusterCache,
+        watch_timeout: int = 300,
+        backoff: Callable[[], Backoff] = Backoff,
+    ) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.lists = {"nodes": 0, "pods": 0}
+        self.errors = {"nodes": 0, "pods": 0}
+
+    def start(self) -> None:
+        for kind in ("nodes", "pods"):
+            t = threading.Thread(target=self._run, args=(kind,), name=f"gpushare-sync-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def sync_once(self, kind: str) -> str:
+        """One full list applied to the cache; returns the list's resourceVersion."""
+        result: ListResult
+        if kind == "nodes":
+            result = self.kube.list_nodes()
+            self.cache.replace_nodes(result.items)
+        else:
+            result = self.kube.list_pods()
+            self.cache.replace_pods(result.items)
+        self.lists[kind] += 1
+        log.info("listed %d %s (resourceVersion %s)", len(result.items), kind, result.resource_version)
+        return result.resource_version
+
+    def _watch(self, kind: str, rv: str) -> Iterator[WatchEvent]:
+        if kind == "nodes":
+            return self.kube.watch_nodes(rv, timeout_seconds=self.watch_timeout)
+        return self.kube.watch_pods(rv, timeout_seconds=self.watch_timeout)
+
+    def _apply(self, kind: str, ev: WatchEvent) -> None:
+        if ev.type == "BOOKMARK":
+            return
+        if kind == "nodes":
+            if ev.type == "DELETED":
+                self.cache.delete_node(str((ev.object.get("metadata") or {}).get("name") or ""))
+            else:
+                self.cache.upsert_node(ev.object)
+        elif ev.type == "DELETED":
+            self.cache.delete_pod(ev.object)
+        else:
+            self.cache.upsert_pod(ev.object)
+
+    def _run(self, kind: str) -> None:
+        backoff = self._backoff()
+        while not self._stop.is_set():
+            try:
+                rv = self.sync_once(kind)
+                for ev in self._watch(kind, rv):
+                    if self._stop.is_set():
+                        return
+                    self._apply(kind, ev)
+                backoff.reset()
+                log.debug("%s watch ended; re-listing", kind)
+            except Gone as exc:
+                log.info("%s watch expired (410 Gone: %s); re-listing", kind, exc)
+            except KubeError as exc:
+                self.errors[kind] += 1
+                log.warning("%s list/watch failed: %s; retrying with backoff", kind, exc)
+                if backoff.wait(self._stop):
+                    return
+            except Exception:  # a bug must not kill the thread that keeps the cache true
+                self.errors[kind] += 1
+                log.exception("%s sync loop crashed; retrying with backoff", kind)
+                if backoff.wait(self._stop):
+                    return
