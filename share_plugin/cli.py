@@ -1,0 +1,123 @@
+"""`share-plugin`: the gpushare device plugin's command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from share_core.contract import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, RESOURCE_MEM, MemoryUnit
+
+log = logging.getLogger("share_plugin")
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="share-plugin", description=f"kubelet device plugin advertising {RESOURCE_MEM}")
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
+    p.add_argument("--device-plugin-dir", default=env("DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR))
+    p.add_argument("--pod-resources-socket", default=env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET))
+    p.add_argument("--backend", choices=["nvml", "sim"], default=env("GPUSHARE_BACKEND", "nvml"))
+    p.add_argument("--sim-gpus", default=env("SIM_GPUS", "2xA100:80GiB,1xT4:16GiB"), help="e.g. 4xT4:16GiB")
+    p.add_argument(
+        "--sim-health-file",
+        default=env("GPUSHARE_SIM_HEALTH_FILE"),
+        help="sim backend: file listing unhealthy GPUs (index or UUID per line), polled",
+    )
+    p.add_argument("--memory-unit", default=env("MEMORY_UNIT", "GiB"), choices=["GiB", "MiB"])
+    p.add_argument("--health-check", action=argparse.BooleanOptionalAction, default=_env_bool("HEALTH_CHECK", True))
+    p.add_argument(
+        "--ignored-xids",
+        default=env("GPUSHARE_IGNORED_XIDS"),
+        help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
+    )
+    p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
+    p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=_env_bool("GPUSHARE_MPS", False))
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if not args.node_name:
+        log.error("--node-name (or env NODE_NAME) is required: the plugin serves the pods bound to its node")
+        return 2
+
+    from share_core.kube import ApiServerClient
+    from share_plugin.allocator import Allocator
+    from share_plugin.backend import BackendError
+    from share_plugin.devices import DeviceListTooLarge
+    from share_plugin.podresources import PodResourcesClient
+    from share_plugin.publisher import Publisher
+    from share_plugin.server import DevicePlugin, PluginConfig
+
+    unit = MemoryUnit.parse(args.memory_unit)
+    try:
+        if args.backend == "sim":
+            from share_plugin.backend.sim import SimBackend
+
+            backend = SimBackend(args.sim_gpus, args.node_name, health_file=args.sim_health_file)
+        else:
+            from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
+
+            xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
+            backend = NvmlBackend(xids)
+    except (BackendError, ValueError) as exc:
+        log.error("cannot start the %s backend: %s", args.backend, exc)
+        return 1
+    try:
+        kube = ApiServerClient.from_kubeconfig(args.kubeconfig, component="gpushare-device-plugin", timeout=5.0)
+    except Exception as exc:
+        log.error("cannot load the Kubernetes client configuration (%s): %s", args.kubeconfig or "in-cluster", exc)
+        return 1
+    config = PluginConfig(
+        node=args.node_name, device_plugin_dir=args.device_plugin_dir, unit=unit, health_check=args.health_check
+    )
+    pod_resources = PodResourcesClient(args.pod_resources_socket, config.resource)
+    allocator = Allocator(args.node_name, kube, backend, unit, pod_resources, args.device_id_strategy, args.mps)
+    try:
+        plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube))
+    except DeviceListTooLarge as exc:
+        log.error("node %s: %s", args.node_name, exc)
+        return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+        plugin.stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "node %s: %s backend, %d GPUs, unit %s, %d devices",
+        args.node_name,
+        backend.name,
+        len(backend.gpus()),
+        unit.value,
+        len(plugin.devices().devices),
+    )
+    starter = threading.Thread(target=plugin.start, name="start", daemon=True)
+    starter.start()
+    stop.wait()
+    starter.join(timeout=5)
+    plugin.stop()
+    pod_resources.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
