@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 
+import yaml
 from inspect_cluster import NODES, PODS, fake_cluster, gpu, node, pod
 
 from share_core.accounting import node_usage
 from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM, MemoryUnit
 from share_core.gpus import node_gpus
 from share_inspect.cli import LIVE_PODS, main
-from share_inspect.render import render_details, render_json, render_summary
+from share_inspect.render import render_details, render_json, render_summary, render_yaml
 from share_inspect.report import SCHEMA_VERSION, build_report, report_to_dict
 
 
@@ -136,3 +137,51 @@ def test_one_node_lets_the_server_filter_pods() -> None:
     assert main(["gpu-b"], client=kube, stdout=out, stderr=io.StringIO()) == 0
     assert seen == [f"{LIVE_PODS},spec.nodeName=gpu-b"]
     assert "24/64 (37%)" in out.getvalue()
+
+
+TRICKY = [
+    "",
+    "yes",
+    "No",
+    "null",
+    "~",
+    "1e3",
+    "0x1F",
+    "12:30",
+    "1_000",
+    ".inf",
+    "10.0.0.11",
+    "a: b",
+    "a:",
+    "#x",
+    "x #y",
+    "- x",
+    "'q'",
+    '"dq"',
+    "trailing ",
+    " leading",
+    "tab\there",
+    "new\nline",
+    "ünïcode",
+    "\u2028sep",
+    "back\\slash",
+    "{flow}",
+    "[list]",
+    "&anchor",
+    "*alias",
+    "!tag",
+    "%pct",
+    "@at",
+    "`tick",
+    "NVIDIA A100-SXM4-80GB",
+    "GPU-1a2b",
+]
+
+
+def test_yaml_round_trips_any_string() -> None:
+    """The hand-written YAML emitter must give a YAML reader back exactly the JSON document."""
+    nodes = [node(f"n{i}", text, [gpu(f"n{i}", 0, text, 16)]) for i, text in enumerate(TRICKY)]
+    pods = [pod(text or "ns", f"p{i}", f"n{i}", 2, (0,)) for i, text in enumerate(TRICKY)]
+    report = build_report(nodes, pods)
+    assert yaml.safe_load(render_yaml(report)) == report_to_dict(report)
+    assert {g.model for n in report.nodes for g in n.gpus} == set(TRICKY)
