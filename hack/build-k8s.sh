@@ -12,6 +12,8 @@ set -euo pipefail
 K8S_VERSION="v1.36.3"      # k8s.io/kubernetes; staging modules are k8s.io/* v0.36.3
 ETCD_VERSION="v3.6.16"     # go.etcd.io/etcd/server/v3 (its root package is the etcd main)
 HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm
+# Bump when the build recipe (flags, ldflags) changes: a warm cache of the old recipe is rebuilt.
+RECIPE=2
 # ---------------------------------------------------------------------------------------
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
@@ -26,7 +28,7 @@ CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}"
 BIN_DIR="${CACHE}/bin/${STAMP}"
 STAMP_FILE="${BIN_DIR}/.stamp"
 BINARIES=(kube-apiserver kube-scheduler kubectl etcd helm)
-STAMP_TEXT="${STAMP} $("$GO" env GOVERSION) CGO_ENABLED=0"
+STAMP_TEXT="${STAMP} recipe=${RECIPE} $("$GO" env GOVERSION) CGO_ENABLED=0"
 
 is_warm() {
     [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP_TEXT" ]] || return 1
@@ -64,9 +66,9 @@ new_module() {  # dir module-path
     printf 'module %s\n\ngo %s\n' "$2" "$GOVER" >"$1/go.mod"
 }
 
-# Module time from the proxy's .info: a reproducible build date.
-module_time() {  # module@version
-    "$GO" mod download -json "$1" | sed -n 's/^[[:space:]]*"Time": "\(.*\)",\{0,1\}$/\1/p'
+# A path field of `go mod download -json` (GoMod: the module's go.mod; Info: its .info).
+module_field() {  # module@version field
+    "$GO" mod download -json "$1" | sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}\$/\1/p"
 }
 
 build_k8s() {
@@ -74,8 +76,7 @@ build_k8s() {
     local staging="v0.${minor}"
     log "kubernetes ${K8S_VERSION}: resolving staging modules (-> ${staging})"
     new_module "$dir" gpushare.local/build/k8s
-    gomod="$("$GO" mod download -json "k8s.io/kubernetes@${K8S_VERSION}" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    gomod="$(module_field "k8s.io/kubernetes@${K8S_VERSION}" GoMod)"
     [[ -f "$gomod" ]] || { log "cannot find go.mod of k8s.io/kubernetes@${K8S_VERSION}"; exit 1; }
     (
         cd "$dir"
@@ -89,7 +90,10 @@ build_k8s() {
         done
         log "kubernetes: ${n} staging replaces"
         local date major="1" kminor="${minor%%.*}" ldflags="" pkg
-        date="$(module_time "k8s.io/kubernetes@${K8S_VERSION}")"
+        # The release's publish time from the proxy's .info: a reproducible build date.
+        date="$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' \
+            "$(module_field "k8s.io/kubernetes@${K8S_VERSION}" Info)")"
+        date="${date:-1970-01-01T00:00:00Z}"
         for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
             ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION}"
             ldflags+=" -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${kminor}"
@@ -125,8 +129,19 @@ build_helm() {
     (
         cd "$dir"
         "$GO" mod edit -require="helm.sh/helm/v3@${HELM_VERSION}"
+        # Like helm's Makefile: the Kubernetes version `helm template`/`helm lint` assume by
+        # default follows the client-go helm is built with.
+        local gomod kmajor kminor
+        gomod="$(module_field "helm.sh/helm/v3@${HELM_VERSION}" GoMod)"
+        read -r kmajor kminor < <(awk '$1 == "k8s.io/client-go" {
+            split($2, v, "."); print v[1] == "v0" ? 1 : substr(v[1], 2), v[2]; exit }' "$gomod")
+        [[ -n "$kminor" ]] || { log "cannot read client-go version from ${gomod}"; exit 1; }
         local ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
         ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+        local pkg
+        for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+            ldflags+=" -X ${pkg}.k8sVersionMajor=${kmajor} -X ${pkg}.k8sVersionMinor=${kminor}"
+        done
         "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "$ldflags" -o "$BIN_DIR/helm" \
             helm.sh/helm/v3/cmd/helm
     )
@@ -142,5 +157,5 @@ for b in "${BINARIES[@]}"; do
 done
 printf '%s\n' "$STAMP_TEXT" >"$STAMP_FILE"
 for t in "${TIMES[@]}"; do log "built ${t}"; done
-log "cold build took $((SECONDS - TOTAL_START))s"
+log "build took $((SECONDS - TOTAL_START))s (cold; less when GOCACHE is warm)"
 echo "$BIN_DIR"

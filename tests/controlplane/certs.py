@@ -67,9 +67,7 @@ class CertAuthority:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - _SKEW)
             .not_valid_after(now + _VALIDITY)
-            .add_extension(
-                x509.BasicConstraints(ca=True, path_length=None), critical=True
-            )
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -94,9 +92,7 @@ class CertAuthority:
             self.directory / "ca.crt",
             self._cert.public_bytes(serialization.Encoding.PEM),
         )
-        self.key_path = _write(
-            self.directory / "ca.key", _key_pem(self._key), private=True
-        )
+        self.key_path = _write(self.directory / "ca.key", _key_pem(self._key), private=True)
 
     def _issue(
         self,
@@ -116,9 +112,7 @@ class CertAuthority:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - _SKEW)
             .not_valid_after(now + _VALIDITY)
-            .add_extension(
-                x509.BasicConstraints(ca=False, path_length=None), critical=True
-            )
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
                     digital_signature=True,
@@ -135,27 +129,21 @@ class CertAuthority:
             )
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                    self._key.public_key()
-                ),
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
                 critical=False,
             )
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
         if sans:
-            builder = builder.add_extension(
-                x509.SubjectAlternativeName(sans), critical=False
-            )
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         return CertPair(
             cert=_write(
                 self.directory / f"{file_stem}.crt",
                 cert.public_bytes(serialization.Encoding.PEM),
             ),
-            key=_write(
-                self.directory / f"{file_stem}.key", _key_pem(key), private=True
-            ),
+            key=_write(self.directory / f"{file_stem}.key", _key_pem(key), private=True),
         )
 
     def issue_server(
@@ -167,13 +155,9 @@ class CertAuthority:
     ) -> CertPair:
         """A TLS serving certificate valid for the given DNS names and IPs."""
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        return self._issue(
-            file_stem, subject, ExtendedKeyUsageOID.SERVER_AUTH, dns_names, ip_addresses
-        )
+        return self._issue(file_stem, subject, ExtendedKeyUsageOID.SERVER_AUTH, dns_names, ip_addresses)
 
-    def issue_client(
-        self, file_stem: str, user: str, groups: Iterable[str] = ()
-    ) -> CertPair:
+    def issue_client(self, file_stem: str, user: str, groups: Iterable[str] = ()) -> CertPair:
         """A client certificate the API server maps to `user` in `groups` (CN and O)."""
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, user))
@@ -199,9 +183,7 @@ def write_service_account_keys(directory: Path) -> CertPair:
     `cert` holds the PEM public key (not a certificate): the API server accepts either.
     """
     key = _new_key()
-    public = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    public = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     directory = Path(directory)
     return CertPair(
         cert=_write(directory / "sa.pub", public),

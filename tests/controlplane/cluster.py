@@ -72,7 +72,7 @@ class ManagedProcess:
     def __init__(
         self,
         name: str,
-        argv: Sequence[str],
+        argv: Sequence[str | os.PathLike[str]],
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
@@ -142,14 +142,10 @@ def wait_until(
         except (OSError, urllib.error.URLError, ssl.SSLError, ValueError) as e:
             last_error = f"{type(e).__name__}: {e}"
         time.sleep(interval)
-    raise proc.fail(
-        f"not {what} within {timeout:.0f}s (last error: {last_error or 'none'})"
-    )
+    raise proc.fail(f"not {what} within {timeout:.0f}s (last error: {last_error or 'none'})")
 
 
-def _http_get(
-    url: str, context: ssl.SSLContext | None = None, timeout: float = 5.0
-) -> tuple[int, str]:
+def _http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 5.0) -> tuple[int, str]:
     """GET without any proxy from the environment (loopback only)."""
     handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if context is not None:
@@ -188,6 +184,7 @@ class ControlPlane:
     """etcd + kube-apiserver (+ kube-scheduler on demand) on 127.0.0.1."""
 
     _serving: CertPair
+    _front_proxy_ca: CertAuthority
     _sa_keys: CertPair
 
     def __init__(self, workdir: Path | str, bin_dir: Path | str) -> None:
@@ -213,9 +210,7 @@ class ControlPlane:
         """Path of a built binary; raises if hack/build-k8s.sh did not produce it."""
         path = self.bin_dir / name
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise ControlPlaneError(
-                f"binary {path} is missing or not executable; run hack/build-k8s.sh"
-            )
+            raise ControlPlaneError(f"binary {path} is missing or not executable; run hack/build-k8s.sh")
         return path
 
     @property
@@ -227,9 +222,7 @@ class ControlPlane:
     def ca_cert(self) -> Path:
         return self._require_ca().cert_path
 
-    def start(
-        self, etcd_timeout: float = 60.0, apiserver_timeout: float = 120.0
-    ) -> None:
+    def start(self, etcd_timeout: float = 60.0, apiserver_timeout: float = 120.0) -> None:
         """Start etcd and kube-apiserver, wait for /readyz, write admin kubeconfig."""
         for name in ("etcd", "kube-apiserver"):
             self.binary(name)
@@ -318,16 +311,13 @@ class ControlPlane:
         )
         if check and result.returncode != 0:
             raise ControlPlaneError(
-                f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
-                f"{result.stdout}{result.stderr}"
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
             )
         return result
 
     # ----------------------------------------------------------------- scheduler
 
-    def start_scheduler(
-        self, config_yaml_text: str, timeout: float = 90.0
-    ) -> SchedulerHandle:
+    def start_scheduler(self, config_yaml_text: str, timeout: float = 90.0) -> SchedulerHandle:
         """Start kube-scheduler with the caller's KubeSchedulerConfiguration.
 
         `clientConnection.kubeconfig` is set to a kubeconfig for system:kube-scheduler
@@ -335,9 +325,7 @@ class ControlPlane:
         off unless the config sets `leaderElection`, so a restart takes over at once.
         """
         if self._scheduler is not None:
-            raise ControlPlaneError(
-                "kube-scheduler already running; call stop_scheduler() first"
-            )
+            raise ControlPlaneError("kube-scheduler already running; call stop_scheduler() first")
         binary = self.binary("kube-scheduler")
         config = yaml.safe_load(config_yaml_text) or {}
         if not isinstance(config, dict):
@@ -373,9 +361,7 @@ class ControlPlane:
         try:
             wait_until(
                 proc,
-                lambda: (
-                    _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200
-                ),
+                lambda: _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200,
                 timeout,
                 "healthy",
             )
@@ -403,12 +389,11 @@ class ControlPlane:
 
     def _write_pki(self) -> None:
         self._ca = CertAuthority(self.pki_dir)
+        self._front_proxy_ca = CertAuthority(self.pki_dir / "front-proxy", "front-proxy-ca")
         dns, ips = apiserver_sans()
         self._serving = self._ca.issue_server("apiserver", "kube-apiserver", dns, ips)
         self._sa_keys = write_service_account_keys(self.pki_dir)
-        self._admin_cert = self._ca.issue_client(
-            "client-admin", "admin", ["system:masters"]
-        )
+        self._admin_cert = self._ca.issue_client("client-admin", "admin", ["system:masters"])
         self._write_kubeconfig(self.admin_kubeconfig, "admin", self._admin_cert)
         self._kubeconfigs[("admin", ("system:masters",))] = self.admin_kubeconfig
 
@@ -469,9 +454,7 @@ class ControlPlane:
         )
         wait_until(
             self._etcd,
-            lambda: (
-                json.loads(_http_get(f"{client_url}/health")[1]).get("health") == "true"
-            ),
+            lambda: json.loads(_http_get(f"{client_url}/health")[1]).get("health") == "true",
             timeout,
             "healthy",
         )
@@ -493,9 +476,19 @@ class ControlPlane:
                 f"--service-account-key-file={self._sa_keys.cert}",
                 f"--service-account-signing-key-file={self._sa_keys.key}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                # No controller-manager creates the default ServiceAccount, so pods
-                # must not need it.
-                "--disable-admission-plugins=ServiceAccount",
+                # No controller-manager creates the default ServiceAccount, so pods must not
+                # need it; and no node lifecycle controller would ever lift the not-ready
+                # taint TaintNodesByCondition puts on new Nodes, so nodes start untainted.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # The `kubernetes` Service endpoint may not be loopback: don't maintain it.
+                "--endpoint-reconciler-type=none",
+                # Aggregation-layer CA (never used to sign a client): delegated authn in
+                # kube-scheduler wants it in extension-apiserver-authentication.
+                f"--requestheader-client-ca-file={self._front_proxy_ca.cert_path}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={self.pki_dir / 'apiserver-generated'}",

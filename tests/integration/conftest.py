@@ -45,16 +45,12 @@ def k8s_bin_dir() -> Path:
         raise RuntimeError(f"hack/build-k8s.sh failed ({result.returncode}):\n{tail}")
     lines = result.stdout.strip().splitlines()
     if not lines:
-        raise RuntimeError(
-            f"hack/build-k8s.sh printed no bin dir; stderr:\n{result.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"hack/build-k8s.sh printed no bin dir; stderr:\n{result.stderr[-4000:]}")
     return Path(lines[-1])
 
 
 @pytest.fixture(scope="session")
-def control_plane(
-    k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControlPlane]:
+def control_plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver on loopback for the whole session; stopped at the end."""
     cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), k8s_bin_dir)
     cp.start()
@@ -70,7 +66,7 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, None]:
     """Attach control-plane log tails to a failed test that used the control plane."""
     outcome = yield
-    report = outcome.get_result()  # type: ignore[attr-defined]
+    report = outcome.get_result()
     cp = getattr(item, "funcargs", {}).get("control_plane")
     if report.failed and isinstance(cp, ControlPlane):
         report.sections.append(("control plane logs", cp.logs()))

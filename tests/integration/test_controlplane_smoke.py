@@ -69,9 +69,7 @@ def test_scheduler_binds_pod_to_node_with_gpu_mem(control_plane: ControlPlane) -
         "-p",
         json.dumps(status),
     )
-    capacity = cp.kubectl(
-        "get", "node", "smoke-node", "-o", "jsonpath={.status.capacity}"
-    ).stdout
+    capacity = cp.kubectl("get", "node", "smoke-node", "-o", "jsonpath={.status.capacity}").stdout
     assert json.loads(capacity)["nvidia.com/gpu-mem"] == "32"
 
     cp.start_scheduler(MINIMAL_SCHEDULER_CONFIG)
@@ -80,16 +78,12 @@ def test_scheduler_binds_pod_to_node_with_gpu_mem(control_plane: ControlPlane) -
         deadline = time.monotonic() + 30
         node = ""
         while time.monotonic() < deadline and not node:
-            node = cp.kubectl(
-                "get", "pod", "smoke-pod", "-o", "jsonpath={.spec.nodeName}"
-            ).stdout
+            node = cp.kubectl("get", "pod", "smoke-pod", "-o", "jsonpath={.spec.nodeName}").stdout
             time.sleep(0.5)
         assert node == "smoke-node", cp.logs()
     finally:
         cp.stop_scheduler()
-        cp.kubectl(
-            "delete", "pod", "smoke-pod", "--grace-period=0", "--force", check=False
-        )
+        cp.kubectl("delete", "pod", "smoke-pod", "--grace-period=0", "--force", check=False)
 
 
 def test_rbac_forbids_unknown_identity(control_plane: ControlPlane) -> None:
@@ -102,9 +96,7 @@ def test_rbac_forbids_unknown_identity(control_plane: ControlPlane) -> None:
 def test_python_client_reads_generated_kubeconfig(control_plane: ControlPlane) -> None:
     kubernetes = pytest.importorskip("kubernetes")
     api = kubernetes.client.CoreV1Api(
-        kubernetes.config.new_client_from_config(
-            config_file=str(control_plane.admin_kubeconfig)
-        )
+        kubernetes.config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
     )
     names = [ns.metadata.name for ns in api.list_namespace().items]
     assert "default" in names
