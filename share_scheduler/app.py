@@ -23,6 +23,7 @@ import share_core
 from share_core.contract import EXTENDER_PREFIX, MemoryUnit
 from share_core.kube import KubeClient
 from share_core.request import InvalidRequest, PodRequest
+from share_core.retry import Backoff
 from share_scheduler.binder import Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache, demand_of
 from share_scheduler.extender import (
@@ -109,6 +110,7 @@ def create_app(
     start_sync: bool = True,
     watch_timeout: int = 300,
     assume_ttl: float | None = None,
+    sync_backoff: Callable[[], Backoff] = Backoff,
 ) -> Flask:
     """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
     process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts."""
@@ -129,7 +131,7 @@ def create_app(
             policy.observe(demand_of(req))
 
     cache.set_observer(observe)
-    syncer = Syncer(kube, cache, watch_timeout=watch_timeout)
+    syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
 
     app = Flask("share_scheduler")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
