@@ -6,6 +6,7 @@ Each returns the whole text; the CLI decides where it goes. Colour and bars are 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -188,7 +189,11 @@ def _yaml_scalar(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    text = str(value)
+    return _yaml_str(str(value))
+
+
+@functools.lru_cache(maxsize=8192)  # keys, models, namespaces repeat thousands of times
+def _yaml_str(text: str) -> str:
     if (
         _PLAIN.fullmatch(text)
         and not text.endswith((" ", ":"))
