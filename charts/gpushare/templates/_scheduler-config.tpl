@@ -38,7 +38,6 @@ extenders:
     prioritizeVerb: prioritize
     bindVerb: bind
     weight: {{ .Values.scheduler.extenderWeight }}
-    enableHTTPS: false
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}
     ignorable: false

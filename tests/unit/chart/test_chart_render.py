@@ -1,0 +1,579 @@
+"""charts/gpushare rendered by the real helm: lint, schema, and the facts each object must keep."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.chart import helm as h
+from tests.unit.chart.helm import ALL_OPTIONS, DEFAULT_NAMESPACE, MONITORING_API, HelmError, Obj
+
+KUBE_VERSION = "v1.36.3"
+
+
+@pytest.fixture(scope="module")
+def default_docs(helm: Any) -> list[Obj]:
+    return h.render_chart(kube_version=KUBE_VERSION)
+
+
+@pytest.fixture(scope="module")
+def all_docs(helm: Any) -> list[Obj]:
+    return h.render_chart([ALL_OPTIONS], kube_version=KUBE_VERSION, api_versions=[MONITORING_API])
+
+
+@pytest.fixture(scope="module")
+def all_values() -> dict[str, Any]:
+    return yaml.safe_load(ALL_OPTIONS.read_text())
+
+
+def _both(request: pytest.FixtureRequest) -> list[Obj]:
+    return request.getfixturevalue(request.param)
+
+
+both = pytest.mark.parametrize("docs", ["default_docs", "all_docs"], indirect=True)
+
+
+@pytest.fixture
+def docs(request: pytest.FixtureRequest) -> list[Obj]:
+    return _both(request)
+
+
+def daemonset(docs: Iterable[Obj]) -> Obj:
+    return h.one(docs, "DaemonSet")
+
+
+def deployment(docs: Iterable[Obj]) -> Obj:
+    return h.one(docs, "Deployment")
+
+
+def pod_spec(workload: Obj) -> Obj:
+    return workload["spec"]["template"]["spec"]
+
+
+# ------------------------------------------------------------------------------------ lint, schema
+
+
+def test_lint_default_values(helm: Any) -> None:
+    h.lint()
+
+
+def test_lint_all_options(helm: Any) -> None:
+    h.lint([ALL_OPTIONS])
+
+
+def test_all_options_sets_every_key_of_values_yaml() -> None:
+    """all-options.yaml is the file that turns everything on: it must not miss a key."""
+
+    def paths(d: Any, prefix: str = "") -> set[str]:
+        if not isinstance(d, dict) or not d:
+            return {prefix}
+        out: set[str] = set()
+        for k, v in d.items():
+            # free-form maps (labels, resources, securityContext...) count as one key
+            leaf = k in {"resources", "securityContext", "podSecurityContext", "affinity", "updateStrategy"}
+            out |= {f"{prefix}{k}"} if leaf else paths(v, f"{prefix}{k}.")
+        return out
+
+    defaults = yaml.safe_load((h.CHART_DIR / "values.yaml").read_text())
+    every = yaml.safe_load(ALL_OPTIONS.read_text())
+    missing = {p.rstrip(".") for p in paths(defaults)} - {p.rstrip(".") for p in paths(every)}
+    # empty maps in values.yaml are leaves there, set to something in all-options
+    missing = {m for m in missing if not any(p.startswith(m + ".") for p in paths(every))}
+    assert not missing, f"all-options.yaml misses {sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"memoryUnit": "KiB"}, "memoryUnit"),
+        ({"scheduler.policy": "worstfit"}, "policy"),
+        ({"scheduler.port": 0}, "port"),
+        ({"scheduler.replicas": 0}, "replicas"),
+        ({"devicePlugin.deviceIdStrategy": "serial"}, "deviceIdStrategy"),
+        ({"devicePlugin.healthCheck": "yes"}, "healthCheck"),
+        ({"devicePlugin.backend": "rocm"}, "backend"),
+        ({"logLevel": "verbose"}, "logLevel"),
+        ({"scheduler.bogus": 1}, "bogus"),
+        ({"serviceMonitor.enabled": "true"}, "enabled"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(HelmError, match=message):
+        h.render_chart(set_values=values)
+
+
+def test_several_replicas_need_leader_election(helm: Any) -> None:
+    with pytest.raises(HelmError, match="leaderElection"):
+        h.render_chart(set_values={"scheduler.replicas": 2, "scheduler.leaderElection.enabled": False})
+    docs = h.render_chart(set_values={"scheduler.replicas": 1, "scheduler.leaderElection.enabled": False})
+    assert h.scheduler_config(docs)["leaderElection"] == {"leaderElect": False}
+    assert not h.objects(docs, "Role"), "no lease Role without leader election"
+    assert not h.objects(docs, "PodDisruptionBudget"), "no PDB for a single replica"
+
+
+def test_sim_backend_needs_gpus(helm: Any) -> None:
+    with pytest.raises(HelmError, match="simGpus"):
+        h.render_chart(set_values={"devicePlugin.backend": "sim"})
+
+
+def test_components_can_be_turned_off(helm: Any) -> None:
+    only_plugin = h.render_chart(set_values={"scheduler.enabled": False})
+    assert not h.objects(only_plugin, "Deployment") and not h.objects(only_plugin, "ConfigMap")
+    assert h.objects(only_plugin, "DaemonSet")
+    only_sched = h.render_chart(set_values={"devicePlugin.enabled": False})
+    assert not h.objects(only_sched, "DaemonSet")
+    assert {d["metadata"]["name"] for d in h.objects(only_sched, "ClusterRole")} == {"gpushare-extender"}
+    no_rbac = h.render_chart(set_values={"rbac.create": False, "serviceAccount.create": False})
+    kinds = {d["kind"] for d in no_rbac}
+    assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"}
+
+
+# ------------------------------------------------------------------------------------------- RBAC
+
+RBAC_KINDS = ("ClusterRole", "Role")
+
+
+def _rules(docs: Iterable[Obj]) -> list[tuple[str, Obj]]:
+    return [(f"{d['kind']}/{d['metadata']['name']}", r) for d in docs if d["kind"] in RBAC_KINDS for r in d["rules"]]
+
+
+@both
+def test_rbac_has_no_wildcards(docs: list[Obj]) -> None:
+    rules = _rules(docs)
+    assert rules
+    for where, rule in rules:
+        for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert "*" not in (rule.get(field) or []), f"{where}: wildcard in {field}: {rule}"
+        assert not rule.get("nonResourceURLs"), f"{where}: non-resource URLs are not needed"
+    for d in docs:
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert d["roleRef"]["name"] not in ("cluster-admin", "admin", "edit"), d["metadata"]["name"]
+
+
+def _flatten(rules: Iterable[Obj]) -> set[tuple[str, str, str, tuple[str, ...]]]:
+    return {
+        (g, res, v, tuple(r.get("resourceNames") or ()))
+        for r in rules
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
+    }
+
+
+def test_device_plugin_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None:
+    rules = _flatten(h.cluster_role_rules(default_docs, "device-plugin"))
+    assert rules == {
+        ("", "nodes", "get", ()),
+        ("", "nodes", "patch", ()),
+        ("", "nodes/status", "patch", ()),
+        ("", "pods", "get", ()),
+        ("", "pods", "list", ()),
+        ("", "pods", "watch", ()),
+        ("", "pods", "patch", ()),
+        ("", "events", "create", ()),
+    }
+
+
+def test_extender_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None:
+    rules = _flatten(h.cluster_role_rules(default_docs, "scheduler"))
+    assert rules == {
+        ("", "nodes", "get", ()),
+        ("", "nodes", "list", ()),
+        ("", "nodes", "watch", ()),
+        ("", "pods", "get", ()),
+        ("", "pods", "list", ()),
+        ("", "pods", "watch", ()),
+        ("", "pods", "patch", ()),
+        ("", "pods/binding", "create", ()),
+        ("", "events", "create", ()),
+        ("events.k8s.io", "events", "create", ()),
+    }
+
+
+@both
+def test_kube_scheduler_rbac(docs: list[Obj]) -> None:
+    dep = deployment(docs)
+    sa = pod_spec(dep)["serviceAccountName"]
+    ns = dep["metadata"]["namespace"]
+    subject = {"kind": "ServiceAccount", "name": sa, "namespace": ns}
+    bound = {
+        (d["kind"], d["metadata"].get("namespace"), d["roleRef"]["kind"], d["roleRef"]["name"])
+        for d in docs
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and subject in d["subjects"]
+    }
+    extender_role = h.component(h.objects(docs, "ClusterRole"), "ClusterRole", "scheduler")["metadata"]["name"]
+    lease_role = h.one(docs, "Role")
+    assert bound == {
+        ("ClusterRoleBinding", None, "ClusterRole", "system:kube-scheduler"),
+        ("ClusterRoleBinding", None, "ClusterRole", "system:volume-scheduler"),
+        ("ClusterRoleBinding", None, "ClusterRole", extender_role),
+        ("RoleBinding", ns, "Role", lease_role["metadata"]["name"]),
+        ("RoleBinding", "kube-system", "Role", "extension-apiserver-authentication-reader"),
+    }
+    # the lease Role allows exactly the lock the configuration names, in the release namespace
+    le = h.scheduler_config(docs)["leaderElection"]
+    assert lease_role["metadata"]["namespace"] == ns == le["resourceNamespace"]
+    assert _flatten(lease_role["rules"]) == {
+        ("coordination.k8s.io", "leases", "create", ()),
+        ("coordination.k8s.io", "leases", "get", (le["resourceName"],)),
+        ("coordination.k8s.io", "leases", "update", (le["resourceName"],)),
+    }
+
+
+@both
+def test_every_binding_names_a_service_account_of_the_chart(docs: list[Obj]) -> None:
+    accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in h.objects(docs, "ServiceAccount")}
+    roles = {d["metadata"]["name"] for d in h.objects(docs, "ClusterRole")}
+    for d in docs:
+        if d["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
+            continue
+        for s in d["subjects"]:
+            assert s["kind"] == "ServiceAccount"
+            assert (s["namespace"], s["name"]) in accounts, d["metadata"]["name"]
+        ref = d["roleRef"]["name"]
+        assert ref in roles or ref.startswith(("system:", "extension-apiserver-")) or d["kind"] == "RoleBinding"
+    users = {pod_spec(w)["serviceAccountName"] for w in (daemonset(docs), deployment(docs))}
+    assert users == {name for _, name in accounts}
+
+
+# ------------------------------------------------------------------------------------ device plugin
+
+
+@both
+def test_daemonset_runs_on_labelled_gpu_nodes(docs: list[Obj]) -> None:
+    spec = pod_spec(daemonset(docs))
+    assert spec["nodeSelector"]["gpushare"] == "true"
+    assert spec["priorityClassName"] == "system-node-critical"
+    keys = {t["key"] for t in spec["tolerations"]}
+    assert "nvidia.com/gpu" in keys
+
+
+def test_daemonset_default_tolerations_and_no_runtime_class(default_docs: list[Obj]) -> None:
+    spec = pod_spec(daemonset(default_docs))
+    assert {t["key"] for t in spec["tolerations"]} >= {"nvidia.com/gpu", "CriticalAddonsOnly"}
+    assert "runtimeClassName" not in spec
+
+
+@both
+def test_daemonset_mounts_and_env(docs: list[Obj]) -> None:
+    ds = daemonset(docs)
+    spec = pod_spec(ds)
+    c = h.container(ds, "device-plugin")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    for name, sub in (("device-plugins", "device-plugins"), ("pod-resources", "pod-resources")):
+        host = volumes[name]["hostPath"]
+        assert host["path"].endswith("/" + sub) and host["type"] == "Directory"
+        assert mounts[name]["mountPath"] == host["path"], "same path inside as kubelet uses outside"
+    assert mounts["pod-resources"].get("readOnly") is True
+    assert not mounts["device-plugins"].get("readOnly")
+    hostpaths = [v for v in spec["volumes"] if "hostPath" in v]
+    assert len(hostpaths) == 2, "nothing else of the host is mounted"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+
+
+@both
+def test_daemonset_security_context_is_tight(docs: list[Obj]) -> None:
+    sc = h.container(daemonset(docs), "device-plugin")["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert sc["runAsUser"] == 0, "root: the kubelet socket dir and sockets are root-owned"
+
+
+@both
+def test_plugin_args_are_accepted_by_share_plugin(docs: list[Obj]) -> None:
+    from share_plugin.cli import build_parser
+
+    ds = daemonset(docs)
+    c = h.container(ds, "device-plugin")
+    assert c["command"] == ["share-plugin"]
+    args = build_parser().parse_args(c["args"])
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert args.device_plugin_dir == mounts["device-plugins"]
+    assert args.pod_resources_socket == mounts["pod-resources"] + "/kubelet.sock"
+
+
+def test_plugin_options_default(default_docs: list[Obj]) -> None:
+    from share_plugin.cli import build_parser
+
+    args = build_parser().parse_args(h.container(daemonset(default_docs), "device-plugin")["args"])
+    assert (args.backend, args.memory_unit, args.health_check, args.mps, args.device_id_strategy) == (
+        "nvml",
+        "GiB",
+        True,
+        False,
+        "uuid",
+    )
+    assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert args.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) -> None:
+    from share_plugin.cli import build_parser
+
+    ds = daemonset(all_docs)
+    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    dp = all_values["devicePlugin"]
+    assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
+    assert args.memory_unit == "MiB"
+    assert args.health_check is False and args.mps is True and args.device_id_strategy == "index"
+    assert args.device_plugin_dir == "/var/lib/k0s/kubelet/device-plugins"
+    spec = pod_spec(ds)
+    assert spec["runtimeClassName"] == "nvidia"
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 2
+
+
+# ----------------------------------------------------------------------------------------- scheduler
+
+
+@both
+def test_scheduler_pod_has_kube_scheduler_and_extender(docs: list[Obj]) -> None:
+    dep = deployment(docs)
+    names = [c["name"] for c in pod_spec(dep)["containers"]]
+    assert names == ["kube-scheduler", "extender"]
+    ks = h.container(dep, "kube-scheduler")
+    assert ks["command"][0] == "kube-scheduler"
+    config_arg = next(a for a in ks["command"] if a.startswith("--config="))
+    config_path = config_arg.split("=", 1)[1]
+    mount = next(m for m in ks["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod_spec(dep)["volumes"] if v["name"] == mount["name"])
+    cm = h.one(docs, "ConfigMap", volume["configMap"]["name"])
+    assert config_path.rsplit("/", 1)[1] in cm["data"]
+
+
+def test_kube_scheduler_image_follows_cluster_version(helm: Any) -> None:
+    for cluster, tag in (("v1.36.3", "v1.36.3"), ("v1.31.4+k3s1", "v1.31.4"), ("1.30.2", "v1.30.2")):
+        docs = h.render_chart(kube_version=cluster)
+        image = h.container(deployment(docs), "kube-scheduler")["image"]
+        assert image == f"registry.k8s.io/kube-scheduler:{tag}", cluster
+
+
+def test_images_all_options(all_docs: list[Obj]) -> None:
+    dep = deployment(all_docs)
+    assert h.container(dep, "kube-scheduler")["image"] == "registry.example.com/kube-scheduler:v1.36.3"
+    assert h.container(dep, "extender")["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test"
+    assert h.container(daemonset(all_docs), "device-plugin")["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test"
+
+
+def test_gpushare_image_defaults_to_app_version(default_docs: list[Obj]) -> None:
+    chart = yaml.safe_load((h.CHART_DIR / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    image = h.container(deployment(default_docs), "extender")["image"]
+    assert image == f"ghcr.io/gpushare/gpushare:{chart['appVersion']}"
+
+
+@both
+def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[Obj]) -> None:
+    from share_scheduler.cli import build_parser
+
+    dep = deployment(docs)
+    ext = h.container(dep, "extender")
+    assert ext["command"] == ["share-scheduler"]
+    args = build_parser().parse_args(ext["args"])
+    assert args.bind_address == "0.0.0.0", "the Service reaches inspect and /metrics on the pod IP"
+    port = next(p for p in ext["ports"] if p["name"] == "http")
+    assert port["containerPort"] == args.port
+    ext_cfg = h.scheduler_config(docs)["extenders"][0]
+    assert ext_cfg["urlPrefix"] == f"http://127.0.0.1:{args.port}/gpushare-scheduler"
+    svc = h.one(docs, "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert dep["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+
+
+@both
+def test_extender_options_parse(docs: list[Obj]) -> None:
+    from share_scheduler.cli import build_parser
+
+    args = build_parser().parse_args(h.container(deployment(docs), "extender")["args"])
+    assert args.policy in {"binpack", "spread"}
+    assert args.memory_unit in {"GiB", "MiB"}
+    assert args.log_level in {"INFO", "DEBUG"}
+
+
+def test_memory_unit_reaches_plugin_and_extender(all_docs: list[Obj]) -> None:
+    from share_plugin.cli import build_parser as plugin_parser
+    from share_scheduler.cli import build_parser as sched_parser
+
+    plugin = plugin_parser().parse_args(h.container(daemonset(all_docs), "device-plugin")["args"])
+    ext = sched_parser().parse_args(h.container(deployment(all_docs), "extender")["args"])
+    assert plugin.memory_unit == ext.memory_unit == "MiB"
+    assert ext.policy == "spread" and ext.threads == 16 and ext.port == 23456
+
+
+@both
+def test_probes(docs: list[Obj]) -> None:
+    dep = deployment(docs)
+    ext = h.container(dep, "extender")
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ext["startupProbe"]["httpGet"]["path"] == "/healthz"
+    ks = h.container(dep, "kube-scheduler")
+    assert ks["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "sched-https", "scheme": "HTTPS"}
+    assert ks["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {p["name"]: p["containerPort"] for p in ks["ports"]} == {"sched-https": 10259}
+
+
+@both
+def test_scheduler_pod_runs_unprivileged(docs: list[Obj]) -> None:
+    dep = deployment(docs)
+    spec = pod_spec(dep)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert "/tmp" in {m["mountPath"] for m in c["volumeMounts"]}, "writable /tmp on a read-only root"
+        assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+
+
+def test_scheduler_replicas_and_spread(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    dep = deployment(default_docs)
+    assert dep["spec"]["replicas"] == 2
+    soft = pod_spec(dep)["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in soft
+    assert h.one(default_docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    dep = deployment(all_docs)
+    assert dep["spec"]["replicas"] == 3
+    aff = pod_spec(dep)["affinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in aff["podAntiAffinity"]
+    assert "nodeAffinity" in aff
+
+
+def test_config_change_rolls_the_scheduler(helm: Any) -> None:
+    a = deployment(h.render_chart())["spec"]["template"]["metadata"]["annotations"]
+    b = deployment(h.render_chart(set_values={"scheduler.extenderWeight": 7}))["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    assert a["checksum/scheduler-config"] != b["checksum/scheduler-config"]
+
+
+# ---------------------------------------------------------------- the KubeSchedulerConfiguration
+
+
+def _print_config(capsys: pytest.CaptureFixture[str], *argv: str) -> Obj:
+    from share_scheduler.cli import main
+
+    capsys.readouterr()
+    assert main(["print-config", *argv]) == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def _comparable(cfg: Obj) -> Obj:
+    """The parts that must agree; plugin lists compared as sets."""
+    out = {k: v for k, v in cfg.items() if k not in ("leaderElection", "clientConnection")}
+    profiles = []
+    for p in out.get("profiles", []):
+        p = dict(p)
+        plugins = {
+            point: {
+                state: sorted(x["name"] for x in lst)
+                for state, lst in (cfg_point or {}).items()
+            }
+            for point, cfg_point in (p.pop("plugins", None) or {}).items()
+        }
+        profiles.append({**p, "plugins": plugins})
+    out["profiles"] = profiles
+    return out
+
+
+def test_chart_config_matches_print_config(default_docs: list[Obj], capsys: pytest.CaptureFixture[str]) -> None:
+    chart = h.scheduler_config(default_docs)
+    printed = _print_config(capsys, "--extender-url", chart["extenders"][0]["urlPrefix"])
+    assert _comparable(chart) == _comparable(printed)
+    # leader election: the same switch; the chart keeps its lock in its own namespace
+    assert chart["leaderElection"]["leaderElect"] is printed["leaderElection"]["leaderElect"] is True
+    assert chart["leaderElection"]["resourceNamespace"] == DEFAULT_NAMESPACE
+    assert chart["leaderElection"]["resourceLock"] == "leases"
+    assert "clientConnection" not in chart, "in-cluster credentials of the pod's service account"
+
+
+def test_chart_config_equals_scheduler_configuration_function(default_docs: list[Obj]) -> None:
+    from share_scheduler.config import scheduler_config
+
+    chart = h.scheduler_config(default_docs)
+    assert _comparable(chart) == _comparable(scheduler_config(extender_url=chart["extenders"][0]["urlPrefix"]))
+
+
+def test_all_options_config_differs_only_where_values_say(
+    all_docs: list[Obj], all_values: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    chart = h.scheduler_config(all_docs)
+    s = all_values["scheduler"]
+    printed = _print_config(capsys, "--extender-url", f"http://127.0.0.1:{s['port']}/gpushare-scheduler")
+    printed["extenders"][0].update(weight=s["extenderWeight"], httpTimeout=s["httpTimeout"])
+    assert _comparable(chart) == _comparable(printed)
+    le = chart["leaderElection"]
+    assert le["resourceName"] == s["leaderElection"]["leaseName"]
+    assert (le["leaseDuration"], le["renewDeadline"], le["retryPeriod"]) == ("20s", "15s", "3s")
+
+
+@both
+def test_config_key_facts(docs: list[Obj]) -> None:
+    cfg = h.scheduler_config(docs)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["percentageOfNodesToScore"] == 100
+    assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
+    ext = cfg["extenders"][0]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu-mem", "ignoredByScheduler": False}]
+    assert re.fullmatch(r"\d+s", ext["httpTimeout"])
+    assert cfg["leaderElection"]["leaderElect"] is True
+
+
+# --------------------------------------------------------------------------- Service, monitoring
+
+
+def test_service_monitor_only_when_enabled_and_served(helm: Any) -> None:
+    on = {"serviceMonitor.enabled": True}
+    assert not h.objects(h.render_chart(api_versions=[MONITORING_API]), "ServiceMonitor")
+    assert not h.objects(h.render_chart(set_values=on), "ServiceMonitor")
+    sm = h.one(h.render_chart(set_values=on, api_versions=[MONITORING_API]), "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_service_monitor_all_options(all_docs: list[Obj]) -> None:
+    sm = h.one(all_docs, "ServiceMonitor")
+    svc = h.one(all_docs, "Service")
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["spec"]["type"] == "NodePort" and svc["spec"]["ports"][0]["port"] == 8080
+
+
+@both
+def test_every_object_is_labelled_and_namespaced(docs: list[Obj]) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for d in docs:
+        labels = d["metadata"]["labels"]
+        assert labels["app.kubernetes.io/part-of"] == "gpushare"
+        if d["kind"] in cluster_scoped:
+            assert "namespace" not in d["metadata"]
+        else:
+            assert d["metadata"]["namespace"] in (DEFAULT_NAMESPACE, "kube-system")
+
+
+def test_common_labels(all_docs: list[Obj]) -> None:
+    assert all(d["metadata"]["labels"]["team"] == "ml-platform" for d in all_docs)
+
+
+def test_release_named_gpushare_gives_short_names(default_docs: list[Obj]) -> None:
+    assert deployment(default_docs)["metadata"]["name"] == "gpushare-scheduler"
+    assert daemonset(default_docs)["metadata"]["name"] == "gpushare-device-plugin"
+    assert h.one(default_docs, "Service")["metadata"]["name"] == "gpushare-scheduler"
