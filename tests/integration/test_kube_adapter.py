@@ -1,0 +1,108 @@
+"""share_core.kube.ApiServerClient against the real API server: the calls every part relies on."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unavailable
+from tests.controlplane import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+NS = "default"
+
+
+def _pod(name: str, node: str = "") -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "busybox"}], "schedulerName": "nobody-schedules-this"}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def admin(control_plane: ControlPlane) -> ApiServerClient:
+    return ApiServerClient.from_kubeconfig(str(control_plane.admin_kubeconfig), component="adapter-test", page_size=3)
+
+
+def _create(client: ApiServerClient, pod: dict) -> dict:
+    return client._json("POST", f"/api/v1/namespaces/{NS}/pods", body=pod)
+
+
+def test_list_is_paginated_and_complete(admin: ApiServerClient) -> None:
+    for i in range(8):
+        _create(admin, _pod(f"page-{i}"))
+    # Field selectors as the plugin and inspect use them must page correctly too.
+    for selector in (None, "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"):
+        listed = admin.list_pods(field_selector=selector)
+        names = [p["metadata"]["name"] for p in listed.items]
+        assert {f"page-{i}" for i in range(8)} <= set(names), selector
+        assert len(names) == len(set(names))
+        assert listed.resource_version
+
+
+def test_annotation_patch_is_conflict_safe(admin: ApiServerClient) -> None:
+    pod = _create(admin, _pod("conflict"))
+    rv = pod["metadata"]["resourceVersion"]
+    patched = admin.patch_pod_annotations(NS, "conflict", {"gpushare.io/gpu-index": "1"}, resource_version=rv)
+    assert patched["metadata"]["annotations"]["gpushare.io/gpu-index"] == "1"
+    with pytest.raises(Conflict):
+        admin.patch_pod_annotations(NS, "conflict", {"gpushare.io/gpu-index": "0"}, resource_version=rv)
+    assert admin.get_pod(NS, "conflict")["metadata"]["annotations"]["gpushare.io/gpu-index"] == "1"
+    removed = admin.patch_pod_annotations(NS, "conflict", {"gpushare.io/gpu-index": None})
+    assert "gpushare.io/gpu-index" not in (removed["metadata"].get("annotations") or {})
+
+
+def test_bind_creates_binding_without_deserialising_it(admin: ApiServerClient, control_plane: ControlPlane) -> None:
+    control_plane.kubectl("create", "-f", "-", input='{"apiVersion":"v1","kind":"Node","metadata":{"name":"bind-n"}}')
+    pod = _create(admin, _pod("bind-me"))
+    admin.bind_pod(NS, "bind-me", pod["metadata"]["uid"], "bind-n")
+    assert admin.get_pod(NS, "bind-me")["spec"]["nodeName"] == "bind-n"
+    with pytest.raises(Conflict):
+        admin.bind_pod(NS, "bind-me", pod["metadata"]["uid"], "bind-n")
+
+
+def test_event_and_node_patches(admin: ApiServerClient, control_plane: ControlPlane) -> None:
+    control_plane.kubectl("create", "-f", "-", input='{"apiVersion":"v1","kind":"Node","metadata":{"name":"ev-n"}}')
+    node = admin.patch_node_annotations("ev-n", {"gpushare.io/gpus": "[]"})
+    assert node["metadata"]["annotations"]["gpushare.io/gpus"] == "[]"
+    node = admin.patch_node_capacity("ev-n", {"nvidia.com/gpu-count": "2"})
+    assert node["status"]["capacity"]["nvidia.com/gpu-count"] == "2"
+    pod = _create(admin, _pod("event-pod"))
+    admin.create_event(pod, "GpuShareTest", "assigned GPU 1 (8 of 16 GiB) on ev-n")
+    events = admin._json("GET", f"/api/v1/namespaces/{NS}/events")["items"]
+    assert any(e["reason"] == "GpuShareTest" and e["involvedObject"]["name"] == "event-pod" for e in events)
+
+
+def test_watch_sees_changes(admin: ApiServerClient) -> None:
+    start = admin.list_pods().resource_version
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        for ev in admin.watch_pods(start, field_selector="metadata.name=watched", timeout_seconds=10):
+            seen.append((ev.type, ev.object["metadata"]["name"]))
+            if ev.type == "DELETED":
+                done.set()
+                return
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    _create(admin, _pod("watched"))
+    admin.patch_pod_annotations(NS, "watched", {"a": "b"})
+    admin._open("DELETE", f"/api/v1/namespaces/{NS}/pods/watched")
+    assert done.wait(15), seen
+    assert [s[0] for s in seen][:2] == ["ADDED", "MODIFIED"]
+
+
+def test_errors_are_typed(admin: ApiServerClient, control_plane: ControlPlane) -> None:
+    with pytest.raises(NotFound):
+        admin.get_pod(NS, "does-not-exist")
+    nobody = ApiServerClient.from_kubeconfig(str(control_plane.kubeconfig_for("nobody")))
+    with pytest.raises(Forbidden, match="cannot list resource"):
+        nobody.list_pods()
+    unreachable = ApiServerClient(admin._cfg, timeout=1.0)
+    unreachable.host = "https://127.0.0.1:1"
+    with pytest.raises(Unavailable):
+        unreachable.get_node("x")
