@@ -1,0 +1,180 @@
+"""The pure matcher, device list and backends: the cases a kubelet stand-in cannot easily produce."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import NODE, assign, make_pod
+
+from share_core.contract import MemoryUnit, device_id
+from share_core.fake import FakeKube
+from share_core.kube import Unavailable
+from share_core.retry import Backoff
+from share_plugin.backend import Gpu
+from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
+from share_plugin.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
+from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
+from share_plugin.matcher import AllocationError, container_env, match_allocation
+from share_plugin.publisher import Publisher
+
+GPUS = [Gpu(i, f"GPU-{i}", "Tesla T4", 16 * 1024**3, i) for i in range(2)]
+
+
+def ids(n: int, gpu: int = 0, start: int = 0) -> list[str]:
+    return [device_id(f"GPU-{gpu}", k) for k in range(start, start + n)]
+
+
+def pod(name: str, ctrs: list[tuple[str, int]], gpu: int, t: int, **kw) -> dict:
+    p = make_pod(name, ctrs, **kw)
+    return assign(p, [gpu], [f"GPU-{gpu}"], sum(u for _, u in ctrs), t)
+
+
+def test_pod_resources_picks_the_admitting_pod_among_same_sizes():
+    a, b = pod("a", [("m", 2)], 0, 1), pod("b", [("m", 2)], 1, 2)
+    view = {("default", "b"): {"m": frozenset()}}  # kubelet is admitting b only
+    m = match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
+    assert (m.name, m.gpus[0].index, m.last) == ("b", 1, True)
+
+
+def test_served_containers_come_from_pod_resources():
+    p = pod("p", [("a", 1), ("b", 3)], 1, 1)
+    view = {("default", "p"): {"a": frozenset(ids(1, 0, 9)), "b": frozenset()}}
+    m = match_allocation(NODE, ids(3), [p], GPUS, MemoryUnit.GiB, view)
+    assert m.container.name == "b" and m.last
+
+
+def test_device_ids_already_held_identify_the_pod():
+    a = pod("a", [("m", 2)], 0, 1)
+    b = pod("b", [("m", 2)], 1, 2)
+    b["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu-mem": "2"}}}]
+    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"i": frozenset(ids(2)), "m": frozenset()}}
+    m = match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
+    assert (m.name, m.container.name) == ("b", "m")
+    assert "device IDs" in m.how
+
+
+def test_two_admitting_pods_on_different_gpus_is_an_error_not_a_guess():
+    a, b = pod("a", [("m", 2)], 0, 1), pod("b", [("m", 2)], 1, 2)
+    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"m": frozenset()}}
+    with pytest.raises(AllocationError, match="assigned different GPUs") as err:
+        match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
+    assert "default/a" in str(err.value) and "default/b" in str(err.value)
+
+
+def test_identical_candidates_are_interchangeable():
+    a, b = pod("a", [("m", 2)], 0, 5), pod("b", [("m", 2)], 0, 3)
+    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"m": frozenset()}}
+    m = match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
+    assert m.name == "b"  # earliest assume time
+
+
+def test_without_pod_resources_size_must_be_unambiguous():
+    a, b, c = pod("a", [("m", 2)], 0, 1), pod("b", [("m", 3)], 1, 2), pod("c", [("m", 3)], 0, 3)
+    m = match_allocation(NODE, ids(2), [a, b, c], GPUS, MemoryUnit.GiB, None)
+    assert m.name == "a" and "PodResources unavailable" in m.how
+    with pytest.raises(AllocationError, match="could take a container asking 3"):
+        match_allocation(NODE, ids(3), [a, b, c], GPUS, MemoryUnit.GiB, None)
+    # served containers are remembered without PodResources
+    with pytest.raises(AllocationError, match="no pod to serve"):
+        match_allocation(NODE, ids(2), [a], GPUS, MemoryUnit.GiB, None, frozenset({("uid-a", "m")}))
+
+
+def test_finished_and_garbage_pods():
+    done = pod("done", [("m", 2)], 0, 1)
+    done["status"]["phase"] = "Succeeded"
+    bad = pod("bad", [("m", 2)], 0, 2)
+    bad["metadata"]["annotations"]["gpushare.io/gpu-index"] = "zero"
+    view = {("default", "done"): {"m": frozenset()}, ("default", "bad"): {"m": frozenset()}}
+    with pytest.raises(AllocationError) as err:
+        match_allocation(NODE, ids(2), [done, bad], GPUS, MemoryUnit.GiB, view)
+    assert "default/bad (bad assignment" in str(err.value) and "default/done" not in str(err.value)
+
+
+def test_env_per_container():
+    p = pod("p", [("m", 5)], 1, 1)
+    m = match_allocation(NODE, ids(5), [p], GPUS, MemoryUnit.GiB, {("default", "p"): {"m": frozenset()}})
+    env = container_env(m, MemoryUnit.GiB, "index", mps=True)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "1" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=5120M"
+    assert env["GPUSHARE_MEM_TOTAL_MIB"] == "16384" and env["ALIYUN_COM_GPU_MEM_DEV"] == "16"
+
+
+# -- device list and wire size -------------------------------------------------------------------------
+
+
+def test_message_sizes_against_kubelet_limit():
+    eight_a100 = [Gpu(i, sim_uuid("n", i), "A100", 80 * 1024**3, i) for i in range(8)]
+    gib = device_list(eight_a100, MemoryUnit.GiB)
+    assert len(gib.devices) == 640 and check_message_size(gib, eight_a100, MemoryUnit.GiB) < 64 * 1024
+    mib = device_list(eight_a100, MemoryUnit.MiB)
+    assert len(mib.devices) == 655360 and mib.ByteSize() > KUBELET_MAX_RECV_BYTES
+    with pytest.raises(DeviceListTooLarge, match="use --memory-unit GiB"):
+        check_message_size(mib, eight_a100, MemoryUnit.MiB)
+    one_t4 = [Gpu(0, sim_uuid("n", 0), "T4", 16 * 1024**3, 0)]
+    assert check_message_size(device_list(one_t4, MemoryUnit.MiB), one_t4, MemoryUnit.MiB) < KUBELET_MAX_RECV_BYTES
+
+
+def test_unhealthy_gpu_devices_and_infos():
+    gpus = [GPUS[0], Gpu(1, "GPU-1", "T4", 16 * 1024**3 + 5, 1, healthy=False)]
+    resp = device_list(gpus, MemoryUnit.GiB)
+    assert sum(d.health == "Unhealthy" for d in resp.devices) == 16
+    assert [(g.memory, g.healthy) for g in gpu_infos(gpus, MemoryUnit.GiB)] == [(16, True), (16, False)]
+
+
+# -- backends --------------------------------------------------------------------------------------------
+
+
+def test_sim_spec_and_stable_uuids():
+    assert parse_sim_gpus("2xA100:80GiB,1xT4:16GiB") == [
+        ("NVIDIA A100-SXM4-80GB", 80 * 1024**3),
+        ("NVIDIA A100-SXM4-80GB", 80 * 1024**3),
+        ("Tesla T4", 16 * 1024**3),
+    ]
+    for bad in ("", "2A100:80GiB", "0xT4:16GiB", "1xT4:16GB"):
+        with pytest.raises(Exception, match="sim-gpus"):
+            parse_sim_gpus(bad)
+    a, b = SimBackend("2xT4:16GiB", "node-a"), SimBackend("2xT4:16GiB", "node-a")
+    assert [g.uuid for g in a.gpus()] == [g.uuid for g in b.gpus()]
+    assert a.gpus()[0].uuid != SimBackend("2xT4:16GiB", "node-b").gpus()[0].uuid
+    assert a.gpus()[0].uuid.startswith("GPU-") and len(device_id(a.gpus()[0].uuid, 9999)) <= 63
+
+
+def test_sim_set_health_reports_change():
+    sim = SimBackend("2xT4:16GiB", "n", poll_interval=0.01)
+    seen: list[tuple[str, bool, str]] = []
+    stop = threading.Event()
+    t = threading.Thread(target=sim.watch_health, args=(stop, lambda *a: seen.append(a)))
+    t.start()
+    sim.set_health(1, False)
+    for _ in range(200):
+        if seen:
+            break
+        stop.wait(0.01)
+    stop.set()
+    t.join()
+    assert seen == [(sim.gpus()[1].uuid, False, "set by test")] and not sim.gpus()[1].healthy
+    with pytest.raises(KeyError):
+        sim.set_health(7, False)
+
+
+def test_xid_parsing():
+    assert frozenset({13, 31, 43, 45, 68, 109}) == DEFAULT_IGNORED_XIDS
+    assert parse_xids("13, 48,") == {13, 48}
+    with pytest.raises(ValueError, match="'x'"):
+        parse_xids("13,x")
+
+
+def test_publisher_retries_in_background_until_api_server_answers():
+    kube = FakeKube()
+    kube.add_node({"metadata": {"name": NODE}})
+    kube.fail("patch_node_annotations", Unavailable("API server unreachable"), times=3)
+    pub = Publisher(NODE, kube, Backoff(initial=0.01, maximum=0.02))
+    pub.start()
+    pub.publish(gpu_infos(GPUS, MemoryUnit.GiB))  # returns at once
+    for _ in range(300):
+        if pub.published:
+            break
+        threading.Event().wait(0.01)
+    pub.stop()
+    assert pub.published and kube.calls["patch_node_annotations"] == 4
+    assert kube.nodes[NODE]["status"]["capacity"]["nvidia.com/gpu-count"] == "2"
