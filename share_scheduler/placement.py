@@ -3,13 +3,24 @@
 The extender (filter, prioritize, bind) and the trace simulator call exactly this code, so what the
 simulator measures is what the cluster does. Units are whatever the caller counts in (GiB in the
 extender, thousandths of a GPU in the simulator).
+
+Every policy has one decision function, ``evaluate(view, demand)``, over a compact ``NodeView``
+(plain tuples, cheap to hash and memoise). ``score`` and ``choose`` are thin wrappers that turn a
+``NodeState`` into a view and map GPU positions back to GPU indices; the simulator calls ``evaluate``
+directly so it need not build ``NodeState`` objects ten million times.
 """
 
 from __future__ import annotations
 
+import random
+import threading
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from functools import lru_cache
+from typing import Any, Protocol
+
+NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,23 +34,52 @@ class GpuSlot:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
+    """A node as placement sees it; `cpu_free`/`memory_free` of None mean "not checked here"."""
+
     name: str
     gpus: tuple[GpuSlot, ...]
+    cpu_free: int | None = None
+    memory_free: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """`count` GPUs with `per_gpu` free each, of a model matching one of `models` (empty: any)."""
+    """`count` GPUs with `per_gpu` free each, of a model matching one of `models` (empty: any).
+
+    `cpu` and `memory` are only checked against nodes that report `cpu_free`/`memory_free` (the
+    simulator does; the extender leaves CPU and memory to kube-scheduler). `count` 0 is a CPU-only pod.
+    """
 
     per_gpu: int
     count: int = 1
     models: tuple[str, ...] = ()
+    cpu: int = 0
+    memory: int = 0
 
     def model_allowed(self, model: str) -> bool:
         if not self.models:
             return True
-        lowered = model.lower()
-        return any(m in lowered for m in self.models)
+        return _model_allowed(self.models, model)
+
+
+@lru_cache(maxsize=4096)
+def _model_allowed(models: tuple[str, ...], model: str) -> bool:
+    lowered = model.lower()
+    return any(m.lower() in lowered for m in models)
+
+
+# A node reduced to what placement needs: ((model, free) per healthy GPU, cpu_free, memory_free).
+GpuView = tuple[tuple[str, int], ...]
+NodeView = tuple[GpuView, int | None, int | None]
+# What `evaluate` answers: (score, GPU positions in the view), or None when the demand does not fit.
+Evaluation = tuple[float, tuple[int, ...]] | None
+
+
+def node_view(node: NodeState) -> tuple[NodeView, tuple[int, ...]]:
+    """The compact view of a node's healthy GPUs, and the GPU index behind each view position."""
+    healthy = [g for g in node.gpus if g.healthy]
+    view = (tuple((g.model, g.free) for g in healthy), node.cpu_free, node.memory_free)
+    return view, tuple(g.index for g in healthy)
 
 
 def eligible_gpus(node: NodeState, demand: Demand) -> list[GpuSlot]:
@@ -47,12 +87,38 @@ def eligible_gpus(node: NodeState, demand: Demand) -> list[GpuSlot]:
     return [g for g in node.gpus if g.healthy and g.free >= demand.per_gpu and demand.model_allowed(g.model)]
 
 
+def _host_fits(view: NodeView, demand: Demand) -> bool:
+    _, cpu_free, mem_free = view
+    if cpu_free is not None and cpu_free < demand.cpu:
+        return False
+    return mem_free is None or mem_free >= demand.memory
+
+
+def eligible_positions(view: NodeView, demand: Demand) -> list[int] | None:
+    """View positions of GPUs that can take one share, or None if the node cannot take the demand."""
+    if not _host_fits(view, demand):
+        return None
+    per, models = demand.per_gpu, demand.models
+    if models:
+        out = [i for i, (m, f) in enumerate(view[0]) if f >= per and _model_allowed(models, m)]
+    else:
+        out = [i for i, (_, f) in enumerate(view[0]) if f >= per]
+    return out if len(out) >= demand.count else None
+
+
 def fits(node: NodeState, demand: Demand) -> bool:
-    return len(eligible_gpus(node, demand)) >= demand.count
+    return eligible_positions(node_view(node)[0], demand) is not None
 
 
 class Policy(Protocol):
     name: str
+    # True when evaluate() is a pure function of (view, demand) for a fixed learned workload, so a
+    # caller may memoise it; the random policy is not.
+    cacheable: bool
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        """(score, GPU positions) for this node view, or None if the demand does not fit."""
+        ...
 
     def choose(self, node: NodeState, demand: Demand) -> tuple[int, ...] | None:
         """The GPU indices to use on this node, or None if the demand does not fit."""
@@ -67,70 +133,312 @@ class Policy(Protocol):
         ...
 
 
-class BinpackPolicy:
+class _ViewPolicy:
+    """score/choose over NodeState, both answered by the subclass's evaluate()."""
+
+    name = "base"
+    cacheable = True
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def choose(self, node: NodeState, demand: Demand) -> tuple[int, ...] | None:
+        view, indices = node_view(node)
+        ev = self.evaluate(view, demand)
+        if ev is None:
+            return None
+        return tuple(sorted(indices[p] for p in ev[1]))
+
+    def score(self, node: NodeState, demand: Demand) -> float:
+        ev = self.evaluate(node_view(node)[0], demand)
+        return NEG_INF if ev is None else ev[0]
+
+    def observe(self, demand: Demand) -> None:
+        pass
+
+
+def _best_fit(view: NodeView, elig: list[int], count: int) -> tuple[int, ...]:
+    gpus = view[0]
+    elig.sort(key=lambda i: (gpus[i][1], i))
+    return tuple(sorted(elig[:count]))
+
+
+class BinpackPolicy(_ViewPolicy):
     """Best fit: the GPU(s) left with the least free memory, lowest index on ties."""
 
     name = "binpack"
 
-    def choose(self, node: NodeState, demand: Demand) -> tuple[int, ...] | None:
-        gpus = eligible_gpus(node, demand)
-        if len(gpus) < demand.count:
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
             return None
-        gpus.sort(key=lambda g: (g.free, g.index))
-        return tuple(sorted(g.index for g in gpus[: demand.count]))
-
-    def score(self, node: NodeState, demand: Demand) -> float:
-        chosen = self.choose(node, demand)
-        if chosen is None:
-            return float("-inf")
-        by_index = {g.index: g for g in node.gpus}
-        stranded = sum(by_index[i].free - demand.per_gpu for i in chosen)
-        node_free = sum(g.free for g in node.gpus if g.healthy)
+        chosen = _best_fit(view, elig, demand.count)
+        gpus = view[0]
+        stranded = sum(gpus[i][1] - demand.per_gpu for i in chosen)
+        node_free = sum(f for _, f in gpus)
         # Least stranded memory first; among equals, the fuller node.
-        return -(stranded * 1_000_000 + node_free)
-
-    def observe(self, demand: Demand) -> None:
-        pass
+        return -float(stranded * 1_000_000 + node_free), chosen
 
 
-class SpreadPolicy:
+class SpreadPolicy(_ViewPolicy):
     """Worst fit: the emptiest GPU(s) on the emptiest node, lowest index on ties."""
 
     name = "spread"
 
-    def choose(self, node: NodeState, demand: Demand) -> tuple[int, ...] | None:
-        gpus = eligible_gpus(node, demand)
-        if len(gpus) < demand.count:
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
             return None
-        gpus.sort(key=lambda g: (-g.free, g.index))
-        return tuple(sorted(g.index for g in gpus[: demand.count]))
+        gpus = view[0]
+        elig.sort(key=lambda i: (-gpus[i][1], i))
+        chosen = tuple(sorted(elig[: demand.count]))
+        left = sum(gpus[i][1] - demand.per_gpu for i in chosen)
+        node_free = sum(f for _, f in gpus)
+        return float(left * 1_000_000 + node_free), chosen
 
-    def score(self, node: NodeState, demand: Demand) -> float:
-        chosen = self.choose(node, demand)
-        if chosen is None:
-            return float("-inf")
-        by_index = {g.index: g for g in node.gpus}
-        left = sum(by_index[i].free - demand.per_gpu for i in chosen)
-        node_free = sum(g.free for g in node.gpus if g.healthy)
-        return left * 1_000_000 + node_free
+
+class RandomPolicy(_ViewPolicy):
+    """Random fit: a uniformly random score for every node that fits, random GPUs on it (a baseline)."""
+
+    name = "random"
+    cacheable = False
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
+            return None
+        with self._lock:
+            chosen = tuple(sorted(self._rng.sample(elig, demand.count)))
+            return self._rng.random(), chosen
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fragmentation-aware placement.
+#
+# FGD (Weng et al., ATC '23) defines the fragmentation of a node for a pod class as the free GPU
+# capacity that class cannot use there: all of it if the class cannot be hosted at all (wrong model,
+# too few GPUs with room, too little CPU), otherwise the free capacity of the GPUs too small for one
+# share. The node's fragmentation is the expectation over the workload's classes, and FGD places each
+# pod where that expectation grows least. `frag` does the same with exact (unquantised) deltas, then
+# breaks the many exact ties FGD leaves to chance by best fit: the GPU left with the least room, on the
+# node left with the least free GPU capacity, then the least free CPU. The learned workload is a table
+# of classes refreshed lazily from the observed counts, so observe() stays O(1) on the hot path.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassGroup:
+    """Pod classes sharing (models, per_gpu, count), with their CPU needs as a cumulative distribution."""
+
+    models: tuple[str, ...]
+    per_gpu: int
+    count: int
+    prob: float  # total probability of the group
+    cpus: tuple[int, ...]  # distinct CPU requests, ascending
+    cum: tuple[float, ...]  # cum[j] = probability of the classes with cpus[:j]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadTable:
+    """An immutable snapshot of the learned pod-size distribution (GPU classes only)."""
+
+    groups: tuple[_ClassGroup, ...]
+    observed: int
+
+    @staticmethod
+    def from_counts(counts: dict[tuple[int, int, tuple[str, ...], int], float]) -> WorkloadTable:
+        total = sum(counts.values())
+        if total <= 0:
+            return WorkloadTable((), 0)
+        by_group: dict[tuple[tuple[str, ...], int, int], dict[int, float]] = {}
+        for (per_gpu, count, models, cpu), n in counts.items():
+            cpus = by_group.setdefault((models, per_gpu, count), {})
+            cpus[cpu] = cpus.get(cpu, 0.0) + n / total
+        groups = []
+        for (models, per_gpu, count), cpus in sorted(by_group.items()):
+            keys = sorted(cpus)
+            cum = [0.0]
+            for k in keys:
+                cum.append(cum[-1] + cpus[k])
+            groups.append(_ClassGroup(models, per_gpu, count, cum[-1], tuple(keys), tuple(cum)))
+        return WorkloadTable(tuple(groups), int(total))
+
+
+def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
+    """Expected free GPU capacity on a node that pods drawn from the workload could not use.
+
+    Two views of "could not use", blended by `fill_weight`:
+    - next pod (FGD): for a class that cannot be hosted at all (too few GPUs with room, too little
+      CPU) all free capacity counts; otherwise the free capacity of the GPUs too small for one share.
+    - fill: the free capacity left over after as many pods of the class as the node's GPUs *and* CPU
+      can take. FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit
+      shares strand 60 units of a GPU; this term sees both.
+    """
+    total = 0
+    for _, f in gpus:
+        total += f
+    if total == 0:
+        return 0.0
+    next_pod = fill = 0.0
+    sorted_by_models: dict[tuple[str, ...], list[int]] = {}
+    for g in table.groups:
+        frees = sorted_by_models.get(g.models)
+        if frees is None:
+            if g.models:
+                frees = sorted(f for m, f in gpus if _model_allowed(g.models, m))
+            else:
+                frees = sorted(f for _, f in gpus)
+            sorted_by_models[g.models] = frees
+        per, count = g.per_gpu, g.count
+        k = bisect_left(frees, per)
+        room = len(frees) - k
+        if room < count:
+            next_pod += g.prob * total
+            fill += g.prob * total
+            continue
+        usable = 0
+        slots = 0
+        if count == 1:
+            for f in frees[k:]:
+                usable += f
+                slots += f // per
+        else:
+            for f in frees[k:]:
+                usable += f
+            slots = room // count
+        stranded = total - usable
+        take = per * count
+        if cpu_free is None:
+            next_pod += g.prob * stranded
+            fill += g.prob * (total - slots * take)
+            continue
+        j = bisect_right(g.cpus, cpu_free)
+        ok = g.cum[j]  # probability of the classes whose CPU fits at all
+        next_pod += ok * stranded + (g.prob - ok) * total
+        fill += (g.prob - ok) * total
+        cpus, cum = g.cpus, g.cum
+        for i in range(j):
+            cpu = cpus[i]
+            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
+            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
+    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+
+
+class FragPolicy(_ViewPolicy):
+    """Least growth of expected fragmentation under the learned workload; best fit on ties."""
+
+    name = "frag"
+    # Rebuild the class table when the observed count has grown by this fraction (or a class is new).
+    REFRESH = 0.02
+    MEMO_LIMIT = 400_000
+
+    def __init__(self, fill_weight: float = 0.6) -> None:
+        self.fill_weight = fill_weight
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
+        self._observed = 0
+        self._dirty = False
+        self._table = WorkloadTable((), 0)
+        self._memo: dict[Any, float] = {}
 
     def observe(self, demand: Demand) -> None:
-        pass
+        if demand.count <= 0 or demand.per_gpu <= 0:
+            return  # CPU-only pods fragment no GPU
+        key = (demand.per_gpu, demand.count, tuple(sorted(m.lower() for m in demand.models)), demand.cpu)
+        with self._lock:
+            if key not in self._counts:
+                self._counts[key] = 0.0
+                self._dirty = True
+            self._counts[key] += 1.0
+            self._observed += 1
+            if self._observed >= (1.0 + self.REFRESH) * max(self._table.observed, 1):
+                self._dirty = True
+
+    @property
+    def table(self) -> WorkloadTable:
+        """The current snapshot of the learned workload (rebuilt lazily after observe())."""
+        if self._dirty:
+            with self._lock:
+                if self._dirty:
+                    self._table = WorkloadTable.from_counts(self._counts)
+                    self._memo = {}
+                    self._dirty = False
+        return self._table
+
+    def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
+        table = self.table
+        memo = self._memo
+        key = (tuple(sorted(gpus)), cpu_free)
+        v = memo.get(key)
+        if v is None:
+            v = fragmentation(gpus, cpu_free, table, self.fill_weight)
+            if len(memo) >= self.MEMO_LIMIT:
+                memo.clear()
+            memo[key] = v
+        return v
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
+            return None
+        gpus, cpu_free, _ = view
+        cpu_after = None if cpu_free is None else cpu_free - demand.cpu
+        before = self.node_fragmentation(gpus, cpu_free)
+        node_free = sum(f for _, f in gpus)
+        per = demand.per_gpu
+        if demand.count == 1:
+            candidates: list[tuple[int, ...]] = []
+            seen = set()
+            for i in elig:
+                if gpus[i] not in seen:
+                    seen.add(gpus[i])
+                    candidates.append((i,))
+        else:
+            candidates = [_best_fit(view, elig, demand.count)]
+        best: tuple[float, float, tuple[int, ...]] | None = None
+        for chosen in candidates:
+            after_gpus = list(gpus)
+            for i in chosen:
+                m, f = after_gpus[i]
+                after_gpus[i] = (m, f - per)
+            delta = self.node_fragmentation(tuple(after_gpus), cpu_after) - before
+            left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
+            key = (delta, left)
+            if best is None or key < best[:2]:
+                best = (delta, left, chosen)
+        assert best is not None
+        delta, left, chosen = best
+        # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
+        # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
+        node_left = node_free - per * len(chosen)
+        cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
+        return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
 
-POLICIES: dict[str, type] = {"binpack": BinpackPolicy, "spread": SpreadPolicy}
+POLICIES: dict[str, type] = {
+    "binpack": BinpackPolicy,
+    "spread": SpreadPolicy,
+    "random": RandomPolicy,
+    "frag": FragPolicy,
+}
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, **options: Any) -> Policy:
+    """A fresh policy by name; `options` go to its constructor (e.g. `seed` for random)."""
     try:
-        return POLICIES[name]()
+        cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}: choose one of {', '.join(sorted(POLICIES))}") from None
+    return cls(**options)
 
 
 def best_node(nodes: Sequence[NodeState], demand: Demand, policy: Policy) -> NodeState | None:
     """The node the policy scores highest among those that fit (first on ties)."""
-    best, best_score = None, float("-inf")
+    best, best_score = None, NEG_INF
     for node in nodes:
         s = policy.score(node, demand)
         if s > best_score:

@@ -1,0 +1,195 @@
+"""The trace simulator: the protocol of Weng et al. (ATC '23), scheduling with our own placement code.
+
+Pods are drawn from the workload with replacement in a seeded random order until the GPU units asked
+for reach `tune` x the cluster's capacity; each goes to the node the policy scores highest (first node
+on ties, as `placement.best_node`), on the GPUs the policy picks, or fails; pods never leave. After
+each arrival: arrived% = units asked so far (failed pods included) / capacity, allocation% = units
+placed / capacity. Unallocated% at arrived t = 100 - allocation% at the first arrival reaching t.
+
+Speed: every node is reduced to a hashable `NodeView`; nodes in the same state share one interned id,
+and for policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) is computed
+once with the policy's own `evaluate` and reused until no node is in that state any more.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from dataclasses import dataclass, field
+
+from share_scheduler import placement
+from share_scheduler.placement import Demand, NodeView, Policy
+from share_scheduler.sim.workload import Workload
+
+THRESHOLDS = (90, 95, 100, 130)
+CURVE_STEP = 0.5  # arrived-% resolution of the recorded curve
+
+
+@dataclass(slots=True)
+class SeedResult:
+    policy: str
+    seed: int
+    unallocated_pct: dict[str, float | None]
+    arrivals: int = 0
+    placed: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    # allocation % at arrived = 0, CURVE_STEP, 2*CURVE_STEP, ... (for plots)
+    curve: list[float] = field(default_factory=list)
+    # the final state of every node, in input order (for inspection and tests)
+    final: list[NodeView] = field(default_factory=list)
+
+
+def build_policy(name: str, seed: int, workload: Workload) -> Policy:
+    """The same policy object the extender builds (placement.make_policy), taught the trace's pods."""
+    cls = placement.POLICIES.get(name)
+    options = {"seed": seed} if cls is not None and "seed" in inspect.signature(cls).parameters else {}
+    policy = placement.make_policy(name, **options)
+    for pod in workload.pods:
+        policy.observe(pod.demand())
+    return policy
+
+
+def simulate(
+    workload: Workload,
+    policy: Policy,
+    seed: int,
+    tune: float = 1.3,
+    thresholds: tuple[int, ...] = THRESHOLDS,
+) -> SeedResult:
+    """Run one seed of the protocol with one policy object; see the module docstring."""
+    started = time.perf_counter()
+    rng = random.Random(seed)
+    capacity = workload.gpu_capacity
+    if capacity <= 0:
+        raise ValueError("the cluster has no GPU capacity")
+    pods = workload.pods
+    npods = len(pods)
+
+    # Distinct demands, each with its index for the per-demand caches.
+    demand_ids: dict[Demand, int] = {}
+    pod_demand: list[int] = []
+    demands: list[Demand] = []
+    for pod in pods:
+        d = pod.demand()
+        if d not in demand_ids:
+            demand_ids[d] = len(demands)
+            demands.append(d)
+        pod_demand.append(demand_ids[d])
+    pod_gpu = [p.gpu_request for p in pods]
+
+    # Node state interning: view -> state id; state id -> sorted node indices in that state.
+    nodes = workload.nodes
+    state_ids: dict[NodeView, int] = {}
+    state_views: dict[int, NodeView] = {}
+    members: dict[int, list[int]] = {}
+    node_state: list[int] = []
+
+    def intern(view: NodeView) -> int:
+        sid = state_ids.get(view)
+        if sid is None:
+            sid = state_ids[view] = len(state_ids)
+            state_views[sid] = view
+        return sid
+
+    for i, n in enumerate(nodes):
+        view: NodeView = (tuple((n.model, g) for g in n.gpus), n.cpu, n.memory)
+        sid = intern(view)
+        node_state.append(sid)
+        members.setdefault(sid, []).append(i)
+
+    cacheable = bool(getattr(policy, "cacheable", True))
+    caches: list[dict[int, placement.Evaluation]] = [{} for _ in demands]
+    evaluate = policy.evaluate
+    missing = object()
+
+    requested = placed = failed = arrivals = 0
+    target = tune * capacity
+    marks = sorted(thresholds)
+    next_mark = 0
+    result: dict[str, float | None] = {str(t): None for t in thresholds}
+    curve: list[float] = []
+    next_curve = 0.0
+
+    while requested < target:
+        k = rng.randrange(npods)
+        arrivals += 1
+        requested += pod_gpu[k]
+        dix = pod_demand[k]
+        demand = demands[dix]
+
+        best_node = -1
+        best_score = placement.NEG_INF
+        best_ev: placement.Evaluation = None
+        if cacheable:
+            cache = caches[dix]
+            for sid, nodes_in in members.items():
+                ev = cache.get(sid, missing)
+                if ev is missing:
+                    ev = cache[sid] = evaluate(state_views[sid], demand)
+                if ev is None:
+                    continue
+                s = ev[0]
+                if s > best_score or (s == best_score and nodes_in[0] < best_node):
+                    best_score, best_node, best_ev = s, nodes_in[0], ev
+        else:
+            for i, sid in enumerate(node_state):
+                ev = evaluate(state_views[sid], demand)
+                if ev is not None and ev[0] > best_score:
+                    best_score, best_node, best_ev = ev[0], i, ev
+
+        if best_ev is None:
+            failed += 1
+        else:
+            placed += pod_gpu[k]
+            old = node_state[best_node]
+            gpus, cpu_free, mem_free = state_views[old]
+            new_gpus = list(gpus)
+            for p in best_ev[1]:
+                model, free = new_gpus[p]
+                new_gpus[p] = (model, free - demand.per_gpu)
+            new_view: NodeView = (
+                tuple(new_gpus),
+                None if cpu_free is None else cpu_free - demand.cpu,
+                None if mem_free is None else mem_free - demand.memory,
+            )
+            new = intern(new_view)
+            node_state[best_node] = new
+            old_members = members[old]
+            old_members.remove(best_node)
+            if not old_members:
+                del members[old]
+                for cache in caches:
+                    cache.pop(old, None)
+            new_members = members.setdefault(new, [])
+            new_members.append(best_node)
+            if len(new_members) > 1:
+                new_members.sort()
+
+        while next_mark < len(marks) and requested * 100 >= marks[next_mark] * capacity:
+            result[str(marks[next_mark])] = 100.0 - 100.0 * placed / capacity
+            next_mark += 1
+        arrived_pct = 100.0 * requested / capacity
+        while next_curve <= arrived_pct:
+            curve.append(100.0 * placed / capacity)
+            next_curve += CURVE_STEP
+
+    return SeedResult(
+        policy=getattr(policy, "name", type(policy).__name__),
+        seed=seed,
+        unallocated_pct=result,
+        arrivals=arrivals,
+        placed=arrivals - failed,
+        failed=failed,
+        seconds=time.perf_counter() - started,
+        curve=curve,
+        final=[state_views[sid] for sid in node_state],
+    )
+
+
+def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3) -> SeedResult:
+    """One seed of one policy, the policy built exactly as the extender builds it."""
+    result = simulate(workload, build_policy(name, seed, workload), seed, tune)
+    result.policy = name
+    return result
