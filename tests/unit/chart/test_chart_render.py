@@ -364,7 +364,10 @@ def test_images_all_options(all_docs: list[Obj]) -> None:
     dep = deployment(all_docs)
     assert h.container(dep, "kube-scheduler")["image"] == "registry.example.com/kube-scheduler:v1.36.3"
     assert h.container(dep, "extender")["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test"
-    assert h.container(daemonset(all_docs), "device-plugin")["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test"
+    assert (
+        h.container(daemonset(all_docs), "device-plugin")["image"]
+        == "registry.example.com/gpushare/gpushare:0.1.0-test"
+    )
 
 
 def test_gpushare_image_defaults_to_app_version(default_docs: list[Obj]) -> None:
@@ -481,10 +484,7 @@ def _comparable(cfg: Obj) -> Obj:
     for p in out.get("profiles", []):
         p = dict(p)
         plugins = {
-            point: {
-                state: sorted(x["name"] for x in lst)
-                for state, lst in (cfg_point or {}).items()
-            }
+            point: {state: sorted(x["name"] for x in lst) for state, lst in (cfg_point or {}).items()}
             for point, cfg_point in (p.pop("plugins", None) or {}).items()
         }
         profiles.append({**p, "plugins": plugins})
