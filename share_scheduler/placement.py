@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 NEG_INF = float("-inf")
+_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +78,9 @@ Evaluation = tuple[float, tuple[int, ...]] | None
 
 def node_view(node: NodeState) -> tuple[NodeView, tuple[int, ...]]:
     """The compact view of a node's healthy GPUs, and the GPU index behind each view position."""
-    healthy = [g for g in node.gpus if g.healthy]
-    view = (tuple((g.model, g.free) for g in healthy), node.cpu_free, node.memory_free)
-    return view, tuple(g.index for g in healthy)
+    gpus = [g for g in node.gpus if g.healthy]
+    view = (tuple([(g.model, g.free) for g in gpus]), node.cpu_free, node.memory_free)
+    return view, tuple([g.index for g in gpus])
 
 
 def eligible_gpus(node: NodeState, demand: Demand) -> list[GpuSlot]:
@@ -344,6 +345,7 @@ class FragPolicy(_ViewPolicy):
         self._dirty = False
         self._table = WorkloadTable((), 0)
         self._memo: dict[Any, float] = {}
+        self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
 
     def observe(self, demand: Demand) -> None:
         if demand.count <= 0 or demand.per_gpu <= 0:
@@ -366,6 +368,7 @@ class FragPolicy(_ViewPolicy):
                 if self._dirty:
                     self._table = WorkloadTable.from_counts(self._counts)
                     self._memo = {}
+                    self._eval_memo = {}
                     self._dirty = False
         return self._table
 
@@ -382,6 +385,18 @@ class FragPolicy(_ViewPolicy):
         return v
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        _ = self.table  # refresh first, so the memo below belongs to the current table
+        memo = self._eval_memo
+        key = (view, demand)
+        ev = memo.get(key, _MISSING)
+        if ev is _MISSING:
+            ev = self._evaluate(view, demand)
+            if len(memo) >= self.MEMO_LIMIT:
+                memo.clear()
+            memo[key] = ev
+        return ev  # type: ignore[return-value]
+
+    def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         elig = eligible_positions(view, demand)
         if elig is None:
             return None
