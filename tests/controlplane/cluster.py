@@ -317,10 +317,12 @@ class ControlPlane:
 
     # ----------------------------------------------------------------- scheduler
 
-    def start_scheduler(self, config_yaml_text: str, timeout: float = 90.0) -> SchedulerHandle:
+    def start_scheduler(
+        self, config_yaml_text: str, timeout: float = 90.0, kubeconfig: Path | None = None
+    ) -> SchedulerHandle:
         """Start kube-scheduler with the caller's KubeSchedulerConfiguration.
 
-        `clientConnection.kubeconfig` is set to a kubeconfig for system:kube-scheduler
+        `clientConnection.kubeconfig` is set to `kubeconfig`, by default one for system:kube-scheduler
         (the identity the built-in RBAC grants scheduling rights). Leader election is
         off unless the config sets `leaderElection`, so a restart takes over at once.
         """
@@ -332,7 +334,7 @@ class ControlPlane:
             raise ControlPlaneError("scheduler config must be a YAML mapping")
         config.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
         config.setdefault("kind", "KubeSchedulerConfiguration")
-        kubeconfig = self.kubeconfig_for(SCHEDULER_USER)
+        kubeconfig = kubeconfig or self.kubeconfig_for(SCHEDULER_USER)
         client = config.get("clientConnection") or {}
         client["kubeconfig"] = str(kubeconfig)
         config["clientConnection"] = client
