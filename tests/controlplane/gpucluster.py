@@ -57,7 +57,8 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 
 def sa_identity(namespace: str, name: str) -> tuple[str, list[str]]:
     """The user name and groups a service account's token authenticates as."""
-    return f"system:serviceaccount:{namespace}:{name}", ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    return f"system:serviceaccount:{namespace}:{name}", groups
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -72,7 +73,8 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
         except (KubeError, OSError) as exc:
             last_error = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" ({last_error})" if last_error else ""))
+    why = f" ({last_error})" if last_error else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{why}")
 
 
 @dataclass
@@ -232,8 +234,9 @@ class GpuCluster:
         self._patch_node_status(name, {"cpu": "64", "memory": "512Gi", "pods": "250"})
         node.kubelet.start()
         self.start_plugin(name, timeout)
-        node.kubelet.run_with_kube(self.admin, name, order=lambda batch: self._ordered(node, batch),
-                                   stop=node.stop_admission)
+        node.kubelet.run_with_kube(
+            self.admin, name, order=lambda batch: self._ordered(node, batch), stop=node.stop_admission
+        )
         return node
 
     def _ordered(self, node: SimNode, batch: list[Pod]) -> list[Pod]:

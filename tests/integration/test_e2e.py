@@ -73,8 +73,11 @@ def test_one_pod_gets_the_gpu_its_annotations_name(gpu_cluster: GpuCluster, ns: 
     assert env[ENV_MEM_LIMIT_MIB] == str(8 * 1024)
     assert env[ENV_MEM_TOTAL_MIB] == str(80 * 1024)
     assert env[ENV_GPU_INDEX] == str(assignment.gpu_indices[0])
-    wait_for(lambda: pod_annotations(gpu_cluster.admin.get_pod(ns, "p8")).get("gpushare.io/assigned") == "true",
-             15, "assigned=true")
+    wait_for(
+        lambda: pod_annotations(gpu_cluster.admin.get_pod(ns, "p8")).get("gpushare.io/assigned") == "true",
+        15,
+        "assigned=true",
+    )
     reasons = {e["reason"] for e in _events_for(gpu_cluster, ns, "p8")}
     assert "Scheduled" in reasons or any("assigned GPU" in e["message"] for e in _events_for(gpu_cluster, ns, "p8"))
     gpu_cluster.check_invariants()
