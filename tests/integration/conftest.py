@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.controlplane import ControlPlane
+from tests.controlplane.gpucluster import GpuCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +72,32 @@ def pytest_runtest_makereport(
     cp = getattr(item, "funcargs", {}).get("control_plane")
     if report.failed and isinstance(cp, ControlPlane):
         report.sections.append(("control plane logs", cp.logs()))
+    cluster = getattr(item, "funcargs", {}).get("gpu_cluster")
+    if report.failed and isinstance(cluster, GpuCluster):
+        report.sections.append(("gpushare process logs", cluster.logs(80)))
+
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuCluster]:
+    cluster = GpuCluster(control_plane, tmp_path_factory.mktemp("gpucluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
+    """A namespace of its own per test; its nodes and pods are removed afterwards."""
+    name = f"e2e-{next(_names)}"
+    gpu_cluster.create_namespace(name)
+    yield name
+    for node in list(gpu_cluster.nodes):
+        gpu_cluster.remove_node(node)
+    for pod in gpu_cluster.pods(name):
+        gpu_cluster.admin._open(
+            "DELETE", f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", query={"gracePeriodSeconds": 0}
+        )

@@ -3,47 +3,19 @@ Allocate through a kubelet stand-in, annotations and env checked against each ot
 
 from __future__ import annotations
 
-import itertools
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from share_core.assignment import parse_assignment, pod_annotations
 from share_core.contract import ENV_GPU_INDEX, ENV_MEM_LIMIT_MIB, ENV_MEM_TOTAL_MIB, ENV_VISIBLE_DEVICES
-from tests.controlplane import ControlPlane
 from tests.controlplane.gpucluster import GpuCluster, pod_spec, wait_for
 
 pytestmark = pytest.mark.integration
-
-_names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def gpu_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuCluster]:
-    cluster = GpuCluster(control_plane, tmp_path_factory.mktemp("gpucluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture
-def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
-    """A namespace of its own per test; its nodes and pods are removed afterwards."""
-    name = f"e2e-{next(_names)}"
-    gpu_cluster.create_namespace(name)
-    yield name
-    for node in list(gpu_cluster.nodes):
-        gpu_cluster.remove_node(node)
-    for pod in gpu_cluster.pods(name):
-        gpu_cluster.admin._open(
-            "DELETE", f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", query={"gracePeriodSeconds": 0}
-        )
 
 
 def _node_name(ns: str, suffix: str) -> str:
