@@ -1,0 +1,88 @@
+"""The chart installed into the real control plane: its objects are accepted and created, the
+kube-scheduler runs from the chart's ConfigMap as the chart's service account, and every sample in
+samples/ is scheduled through the extender onto the simulated nodes where it belongs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from share_core.assignment import parse_assignment, pod_annotations
+from tests.controlplane.gpucluster import (
+    NAMESPACE,
+    RELEASE,
+    GpuCluster,
+    expand_workloads,
+    load_yaml_docs,
+    sa_identity,
+)
+from tests.unit.chart.helm import render_chart, scheduler_config
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+def test_chart_installs_and_its_scheduler_places_every_sample(gpu_cluster: GpuCluster, ns: str) -> None:
+    cp = gpu_cluster.cp
+    version = json.loads(cp.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    objects = render_chart(
+        release=RELEASE,
+        namespace=NAMESPACE,
+        kube_version=version,
+        set_values={"scheduler.port": gpu_cluster.extender_port, "scheduler.replicas": 1},
+    )
+    kinds = Counter(o["kind"] for o in objects)
+    assert {"DaemonSet", "Deployment", "ConfigMap", "Service", "ClusterRole", "ClusterRoleBinding"} <= set(kinds)
+
+    # Install: every object accepted by the API server's validation and admission, and created.
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    for obj in objects:
+        ns_args = ["-n", obj["metadata"]["namespace"]] if obj["metadata"].get("namespace") else []
+        got = cp.kubectl("get", obj["kind"].lower(), obj["metadata"]["name"], *ns_args, "-o", "json")
+        assert json.loads(got.stdout)["metadata"]["name"] == obj["metadata"]["name"]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert any(i.startswith("registry.k8s.io/kube-scheduler:" + version) for i in images), images
+
+    # The kube-scheduler of the chart, from the chart's ConfigMap, as the chart's service account.
+    config = scheduler_config(objects)
+    scheduler_sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    cp.stop_scheduler()
+    try:
+        cp.start_scheduler(yaml.safe_dump(config), kubeconfig=cp.kubeconfig_for(*sa_identity(NAMESPACE, scheduler_sa)))
+        gpu_cluster.add_node(f"{ns}-a100", "2xA100:80GiB")
+        gpu_cluster.add_node(f"{ns}-t4", "4xT4:16GiB")
+        docs = [d for f in sorted(SAMPLES.glob("*.yaml")) for d in load_yaml_docs(f)]
+        pods = expand_workloads(docs, ns)
+        assert len(pods) >= 5
+        for pod in pods:
+            gpu_cluster.create_pod(pod)
+        gpu_cluster.wait_all_running(ns, len(pods), timeout=120)
+        _assert_samples_landed_where_they_should(gpu_cluster, ns)
+        lease = json.loads(cp.kubectl("get", "lease", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+        assert lease, "leader election on: kube-scheduler holds a lease in the release namespace"
+    finally:
+        cp.stop_scheduler()
+        gpu_cluster.start_scheduler()
+
+
+def _assert_samples_landed_where_they_should(cluster: GpuCluster, ns: str) -> None:
+    cluster.check_invariants()
+    placed = {}
+    for pod in cluster.pods(ns):
+        a = parse_assignment(pod_annotations(pod))
+        assert a is not None, pod["metadata"]["name"]
+        placed[pod["metadata"]["name"]] = (pod["spec"]["nodeName"], a)
+    node, a = placed["gpushare-gpu-model"]
+    assert node.endswith("-t4"), "the gpu-model sample asks for a T4"
+    node, a = placed["gpushare-two-gpu"]
+    assert len(a.gpu_indices) == 2
+    env = cluster.env_of(cluster.admin.get_pod(ns, "gpushare-multi-container"))
+    assert len({e["NVIDIA_VISIBLE_DEVICES"] for e in env.values()}) == 1 and len(env) == 3
+    replicas = [v for k, v in placed.items() if k.startswith("gpushare-deployment-")]
+    assert len({(n, x.gpu_indices) for n, x in replicas}) == 1, "binpack: the replicas share one GPU"
