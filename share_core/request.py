@@ -53,10 +53,12 @@ def parse_quantity(value: Any, what: str = "quantity") -> Decimal:
     if not match:
         raise InvalidRequest(f"{what}: {value!r} is not a valid quantity")
     try:
-        number = Decimal(match.group(1))
-    except InvalidOperation as exc:
+        return Decimal(match.group(1)) * _SUFFIXES[match.group(2) or ""]
+    except (InvalidOperation, ArithmeticError) as exc:  # also decimal.Overflow for "1e999999Ei"
         raise InvalidRequest(f"{what}: {value!r} is not a valid quantity") from exc
-    return number * _SUFFIXES[match.group(2) or ""]
+
+
+MAX_UNITS = 2**63 - 1  # Kubernetes counts extended resources in an int64
 
 
 def parse_units(value: Any, what: str) -> int:
@@ -64,6 +66,8 @@ def parse_units(value: Any, what: str) -> int:
     quantity = parse_quantity(value, what)
     if quantity < 0:
         raise InvalidRequest(f"{what}: {value!r} is negative")
+    if quantity > MAX_UNITS:  # before int(): "1e999999" would build a million-digit integer
+        raise InvalidRequest(f"{what}: {value!r} is too large (at most {MAX_UNITS})")
     if quantity != quantity.to_integral_value():
         raise InvalidRequest(f"{what}: {value!r} is fractional; {RESOURCE_MEM} is counted in whole units")
     return int(quantity)
