@@ -111,7 +111,7 @@ def test_random_bytes_are_answered(raw):
         assert status in (200, 400) and "Error" in out
 
 
-@settings_for(1500)
+@settings_for(800)
 @given(args=extender_args())
 def test_random_pods_filter_and_prioritize(args):
     names, body = args
