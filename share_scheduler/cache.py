@@ -146,6 +146,7 @@ class ClusterCache:
         self._pods: dict[str, PodRecord] = {}
         self._assumed: TTLCache[str, Assumed] = TTLCache(maxsize=1_000_000, ttl=assume_ttl, timer=timer)
         self._counted: dict[str, Contribution] = {}  # what each pod currently adds to the used vectors
+        self._by_node: dict[str, set[str]] = {}  # node -> keys in _counted on it (recount without a scan)
         self._seen_requests: set[str] = set()  # pods already reported to on_new_pod (uid or key)
         self._on_new_pod = on_new_pod
         self._synced = {"nodes": False, "pods": False}
@@ -191,9 +192,11 @@ class ClusterCache:
         if have is not None:
             self._apply(have, -1)
             del self._counted[key]
+            self._by_node[have.node].discard(key)
         if want is not None:
             self._apply(want, +1)
             self._counted[key] = want
+            self._by_node.setdefault(want.node, set()).add(key)
         self.generation += 1
 
     def _expire(self) -> None:
@@ -213,12 +216,12 @@ class ClusterCache:
         if entry is None:
             return
         entry.used = [0] * len(entry.gpus)
-        for c in self._counted.values():
-            if c.node == name:
-                for index in c.indices:
-                    pos = entry.position.get(index)
-                    if pos is not None:
-                        entry.used[pos] += c.per_gpu
+        for key in self._by_node.get(name, ()):
+            c = self._counted[key]
+            for index in c.indices:
+                pos = entry.position.get(index)
+                if pos is not None:
+                    entry.used[pos] += c.per_gpu
         entry.touch()
 
     # -- nodes -----------------------------------------------------------------------------------
