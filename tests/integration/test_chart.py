@@ -13,7 +13,16 @@ import pytest
 import yaml
 
 from tests.controlplane import ControlPlane
-from tests.unit.chart.helm import ALL_OPTIONS, MONITORING_API, Obj, one, render_chart, scheduler_config
+from tests.unit.chart.helm import (
+    ALL_OPTIONS,
+    CHART_DIR,
+    MONITORING_API,
+    Obj,
+    one,
+    render_chart,
+    run_helm,
+    scheduler_config,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -213,3 +222,18 @@ def test_rbac_objects_really_created(cluster: ControlPlane, rbac_installed: list
         f"{RBAC_RELEASE}-gpushare-device-plugin",
         f"{RBAC_RELEASE}-gpushare-extender",
     ]
+
+
+@pytest.mark.parametrize("values", [[], [ALL_OPTIONS]], ids=["default", "all-options"])
+def test_helm_install_dry_run_and_notes(cluster: ControlPlane, service_monitor_api: None, values: list[Any]) -> None:
+    """helm itself installs the chart against the API server (server dry run) and prints NOTES.txt."""
+    args = ["install", "notes-check", str(CHART_DIR), "--namespace", NAMESPACE, "--dry-run=server"]
+    args += ["--kubeconfig", str(cluster.admin_kubeconfig)]
+    for f in values:
+        args += ["--values", str(f)]
+    out = run_helm(*args).stdout
+    notes = out.split("NOTES:", 1)[1]
+    assert "kubectl label node <gpu-node> gpushare=true" in notes
+    assert "schedulerName: gpushare-scheduler" in notes and "nvidia.com/gpu-mem:" in notes
+    assert "kubectl inspect gpushare" in notes
+    assert "WARNING" not in notes, "the ServiceMonitor API is served here"
