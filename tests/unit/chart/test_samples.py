@@ -180,3 +180,12 @@ def test_helper_prints_the_share() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "4096 of 16384 MiB (25.00%)" in result.stdout and "0.25" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_sample_commands_are_strings(name: str) -> None:
+    """A plain YAML scalar with ': ' inside reads as a mapping: every command and arg must be a string."""
+    pod = _pod_of(yaml.safe_load((SAMPLES / name).read_text()))
+    for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        for field in ("command", "args"):
+            assert all(isinstance(a, str) for a in c.get(field, [])), f"{name}: {c['name']}.{field}: {c.get(field)}"
