@@ -1,123 +1,16 @@
-"""A simulated GPU node: FakeKube API server, sim backend, the plugin, and the kubelet stand-in."""
+"""Fixtures of the plugin tests; the helpers live in simnode.py."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from share_core.assignment import Assignment
-from share_core.contract import ANN_GPU_COUNT, RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
-from share_core.fake import FakeKube
-from share_core.retry import Backoff
-from share_plugin.allocator import Allocator
-from share_plugin.backend.sim import SimBackend
-from share_plugin.podresources import PodResourcesClient
-from share_plugin.publisher import Publisher
-from share_plugin.server import DevicePlugin, PluginConfig
-from tests.kubelet import KubeletStandIn
-
-NODE = "n1"
-
-
-def make_pod(
-    name: str,
-    containers: list[tuple[str, int]] | None = None,
-    init: list[tuple[str, int]] | None = None,
-    sidecars: list[tuple[str, int]] | None = None,
-    gpu_count: int | None = None,
-    node: str = NODE,
-    namespace: str = "default",
-) -> dict[str, Any]:
-    """A pod asking `nvidia.com/gpu-mem` per container, bound to `node` (no assignment yet)."""
-
-    def ctr(n: str, units: int, **extra: Any) -> dict[str, Any]:
-        res = {"limits": {RESOURCE_MEM: str(units)}} if units else {}
-        return {"name": n, "image": "x", "resources": res, **extra}
-
-    spec: dict[str, Any] = {
-        "schedulerName": SCHEDULER_NAME,
-        "nodeName": node,
-        "containers": [ctr(n, u) for n, u in (containers or [("main", 4)])],
-    }
-    inits = [ctr(n, u) for n, u in (init or [])] + [ctr(n, u, restartPolicy="Always") for n, u in (sidecars or [])]
-    if inits:
-        spec["initContainers"] = inits
-    annotations = {ANN_GPU_COUNT: str(gpu_count)} if gpu_count else {}
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations},
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
-
-
-def assign(pod: dict[str, Any], indices: list[int], uuids: list[str], total: int, t: int) -> dict[str, Any]:
-    pod["metadata"]["annotations"].update(Assignment(tuple(indices), tuple(uuids), total, t).to_annotations())
-    return pod
-
-
-@dataclass
-class SimNode:
-    kube: FakeKube
-    backend: SimBackend
-    plugin: DevicePlugin
-    kubelet: KubeletStandIn
-    allocator: Allocator
-    dir: str
-
-    def uuid(self, index: int) -> str:
-        return self.backend.gpus()[index].uuid
-
-    def add(self, pod: dict[str, Any], indices: list[int], total: int, t: int) -> dict[str, Any]:
-        """Record an extender's choice on the pod and store it, as bind would."""
-        return self.kube.add_pod(assign(pod, indices, [self.uuid(i) for i in indices], total, t))
-
-
-def _short_dir() -> str:
-    return tempfile.mkdtemp(prefix="gs", dir="/tmp")  # unix socket paths must stay under ~107 bytes
-
-
-def start_node(
-    gpus: str = "4xT4:16GiB",
-    unit: MemoryUnit = MemoryUnit.GiB,
-    pod_resources: bool = True,
-    strategy: str = "uuid",
-    mps: bool = False,
-    health_check: bool = True,
-    kube: FakeKube | None = None,
-    **kubelet_kw: Any,
-) -> SimNode:
-    d = _short_dir()
-    kube = kube or FakeKube()
-    if NODE not in kube.nodes:
-        kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": {"capacity": {}}})
-    backend = SimBackend(gpus, NODE, poll_interval=0.05)
-    kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock", **kubelet_kw)
-    kubelet.start()
-    pr = PodResourcesClient(kubelet.pod_resources_socket, RESOURCE_MEM) if pod_resources else None
-    allocator = Allocator(NODE, kube, backend, unit, pr, strategy, mps)
-    config = PluginConfig(
-        node=NODE, device_plugin_dir=f"{d}/dp", unit=unit, health_check=health_check, watch_interval=0.05
-    )
-    publisher = Publisher(NODE, kube, Backoff(initial=0.05, maximum=0.2))
-    plugin = DevicePlugin(config, backend, allocator, publisher)
-    plugin.start()
-    kubelet.wait_for(lambda: bool(kubelet.devices), 10, "device list")
-    return SimNode(kube, backend, plugin, kubelet, allocator, d)
-
-
-def stop_node(node: SimNode) -> None:
-    node.plugin.stop()
-    node.kubelet.stop()
-    shutil.rmtree(node.dir, ignore_errors=True)
+from simnode import SimNode, start_node, stop_node
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 import pytest
-from conftest import NODE, SimNode, make_pod, start_node, stop_node
+from simnode import NODE, SimNode, assign, make_pod, start_node, stop_node
 
 from share_core.assignment import parse_assignment
 from share_core.contract import ANN_ASSIGNED, MemoryUnit
@@ -125,9 +125,7 @@ def test_no_matching_pod_names_node_size_and_candidates(sim_node):
 
 def test_assignment_naming_wrong_gpu_is_refused(sim_node):
     pod = make_pod("liar", [("m", 2)])
-    pod = sim_node.kube.add_pod(
-        __import__("conftest").assign(pod, [1], ["GPU-00000000-0000-0000-0000-000000000000"], 2, 1)
-    )
+    pod = sim_node.kube.add_pod(assign(pod, [1], ["GPU-00000000-0000-0000-0000-000000000000"], 2, 1))
     with pytest.raises(AdmissionError, match="GPU 1 of this node is"):
         sim_node.kubelet.admit(pod)
     assert annotations(sim_node, "liar")[ANN_ASSIGNED] == "false"

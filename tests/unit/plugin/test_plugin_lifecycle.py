@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from conftest import NODE, start_node, stop_node
+from simnode import NODE, start_node, stop_node
 
 from share_core.contract import ANN_NODE_GPUS, DEVICE_PLUGIN_API_VERSION, RESOURCE_COUNT, device_id
 from share_core.gpus import parse_node_gpus

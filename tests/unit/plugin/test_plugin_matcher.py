@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from conftest import NODE, assign, make_pod
+from simnode import NODE, assign, make_pod
 
 from share_core.contract import MemoryUnit, device_id
 from share_core.fake import FakeKube

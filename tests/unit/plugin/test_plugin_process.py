@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import _short_dir
+from simnode import _short_dir
 
 from tests.kubelet import KubeletStandIn
 
