@@ -72,6 +72,7 @@ def test_scheduler_binds_pod_to_node_with_gpu_mem(control_plane: ControlPlane) -
     capacity = cp.kubectl("get", "node", "smoke-node", "-o", "jsonpath={.status.capacity}").stdout
     assert json.loads(capacity)["nvidia.com/gpu-mem"] == "32"
 
+    cp.stop_scheduler()  # another test's scheduler; theirs is started again when they need it
     cp.start_scheduler(MINIMAL_SCHEDULER_CONFIG)
     try:
         cp.kubectl("create", "-f", "-", input=_pod("smoke-pod", 8))
@@ -84,6 +85,7 @@ def test_scheduler_binds_pod_to_node_with_gpu_mem(control_plane: ControlPlane) -
     finally:
         cp.stop_scheduler()
         cp.kubectl("delete", "pod", "smoke-pod", "--grace-period=0", "--force", check=False)
+        cp.kubectl("delete", "node", "smoke-node", check=False)  # no GPU node for other tests to pick
 
 
 def test_rbac_forbids_unknown_identity(control_plane: ControlPlane) -> None:
@@ -94,7 +96,8 @@ def test_rbac_forbids_unknown_identity(control_plane: ControlPlane) -> None:
 
 
 def test_python_client_reads_generated_kubeconfig(control_plane: ControlPlane) -> None:
-    kubernetes = pytest.importorskip("kubernetes")
+    import kubernetes
+
     api = kubernetes.client.CoreV1Api(
         kubernetes.config.new_client_from_config(config_file=str(control_plane.admin_kubeconfig))
     )

@@ -13,7 +13,6 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from inspect_cluster import NODES, PODS, fake_cluster, node
 
 from share_core.fake import FakeKube
 from share_core.kube import Forbidden, KubeError, Unavailable
@@ -26,6 +25,7 @@ from share_inspect.cli import (
     main,
     style_for,
 )
+from tests.unit.inspect.inspect_cluster import NODES, PODS, fake_cluster, node
 
 
 class Tty(io.StringIO):

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from inspect_cluster import fake_cluster
 
 from share_inspect.cli import main
+from tests.unit.inspect.inspect_cluster import fake_cluster
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("GPUSHARE_UPDATE_GOLDEN") == "1"

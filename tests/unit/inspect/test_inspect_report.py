@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import yaml
-from inspect_cluster import NODES, PODS, fake_cluster, gpu, node, pod
 
 from share_core.accounting import node_usage
 from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM, MemoryUnit
@@ -13,6 +12,7 @@ from share_core.gpus import node_gpus
 from share_inspect.cli import LIVE_PODS, main
 from share_inspect.render import render_details, render_json, render_summary, render_yaml
 from share_inspect.report import SCHEMA_VERSION, build_report, report_to_dict
+from tests.unit.inspect.inspect_cluster import NODES, PODS, fake_cluster, gpu, node, pod
 
 
 def by_name(report):

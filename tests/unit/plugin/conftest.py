@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from simnode import SimNode, start_node, stop_node
+from tests.unit.plugin.simnode import SimNode, start_node, stop_node
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ import random
 from typing import Any
 
 import pytest
-from simnode import NODE, SimNode, assign, make_pod, start_node, stop_node
 
 from share_core.assignment import parse_assignment
 from share_core.contract import ANN_ASSIGNED, MemoryUnit
 from share_core.kube import Conflict, Unavailable
 from tests.kubelet import AdmissionError
+from tests.unit.plugin.simnode import NODE, SimNode, assign, make_pod, start_node, stop_node
 
 
 def annotations(node: SimNode, name: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from simnode import NODE, assign, make_pod
 
 from share_core.contract import MemoryUnit, device_id
 from share_core.fake import FakeKube
@@ -17,6 +16,7 @@ from share_plugin.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
 from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
 from share_plugin.matcher import AllocationError, container_env, match_allocation
 from share_plugin.publisher import Publisher
+from tests.unit.plugin.simnode import NODE, assign, make_pod
 
 GPUS = [Gpu(i, f"GPU-{i}", "Tesla T4", 16 * 1024**3, i) for i in range(2)]
 

@@ -9,9 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from simnode import _short_dir
-
 from tests.kubelet import KubeletStandIn
+from tests.unit.plugin.simnode import _short_dir
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -7,11 +7,10 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import bind_args, capacity, make_node, make_pod, truth, wait_until
-
 from share_core.contract import ANN_GPU_INDEX
 from share_core.fake import FakeKube
 from share_core.kube import Conflict, Gone, KubeError, Unavailable
+from tests.unit.scheduler.conftest import bind_args, capacity, make_node, make_pod, truth, wait_until
 
 
 def over_committed(kube: FakeKube) -> list[str]:
@@ -194,7 +193,7 @@ def test_binding_timeout_but_bound_is_success(extender_factory):
     kube = _BindThenTimeout()
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
-    from conftest import Extender
+    from tests.unit.scheduler.conftest import Extender
 
     ext = Extender(kube).wait_ready()
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import PREFIX, bind_args, filter_args, make_node, make_pod
 
 from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID, RESOURCE_MEM
+from tests.unit.scheduler.conftest import PREFIX, bind_args, filter_args, make_node, make_pod
 
 # What kube-scheduler's HTTPExtender marshals for filter with nodeCacheCapable: a full v1.Pod under
 # the Go field name "Pod", "Nodes": null, "NodeNames": [...].
