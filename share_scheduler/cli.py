@@ -68,35 +68,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="share-scheduler", description="gpushare kube-scheduler extender")
     sub = parser.add_subparsers(dest="command")
 
-    def serve_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--port", type=int, default=EXTENDER_DEFAULT_PORT, help="HTTP port (default %(default)s)")
+    def serve_flags(p: argparse.ArgumentParser, with_defaults: bool) -> None:
+        # The flags live on the top-level parser (with defaults) and again on `serve` without
+        # defaults, so `share-scheduler --port 1 serve` and `share-scheduler serve --port 1` agree:
+        # a subparser's defaults would otherwise overwrite what was given before the command.
+        def d(value: object) -> object:
+            return value if with_defaults else argparse.SUPPRESS
+
+        p.add_argument("--port", type=int, default=d(EXTENDER_DEFAULT_PORT), help="HTTP port (default 12345)")
         p.add_argument(
-            "--bind-address", default="0.0.0.0", help="address to listen on (default %(default)s; tests use 127.0.0.1)"
+            "--bind-address", default=d("0.0.0.0"), help="address to listen on (default 0.0.0.0; tests use 127.0.0.1)"
         )
-        p.add_argument("--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
-        p.add_argument("--context", default=None, help="kubeconfig context")
         p.add_argument(
-            "--policy", default="binpack", choices=sorted(POLICIES), help="placement policy (default %(default)s)"
+            "--kubeconfig", default=d(None), help="kubeconfig path (default: in-cluster, else ~/.kube/config)"
         )
-        p.add_argument("--threads", type=int, default=8, help="gunicorn threads in the one worker (default 8)")
-        p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-        p.add_argument("--memory-unit", default="GiB", choices=[u.value for u in MemoryUnit])
+        p.add_argument("--context", default=d(None), help="kubeconfig context")
+        p.add_argument(
+            "--policy", default=d("binpack"), choices=sorted(POLICIES), help="placement policy (default binpack)"
+        )
+        p.add_argument("--threads", type=int, default=d(8), help="gunicorn threads in the one worker (default 8)")
+        p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+        p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(
             "--assume-ttl",
             type=float,
-            default=300.0,
-            help="seconds a pod whose bind chose a GPU counts before its Binding is seen (default %(default)s)",
+            default=d(300.0),
+            help="seconds a pod whose bind chose a GPU counts before its Binding is seen (default 300)",
         )
 
     serve = sub.add_parser("serve", help="serve the extender (the default command)")
-    serve_flags(serve)
+    serve_flags(serve, with_defaults=False)
     cfg = sub.add_parser("print-config", help="print a KubeSchedulerConfiguration that uses this extender")
     cfg.add_argument("--extender-url", default=DEFAULT_EXTENDER_URL, help="extender URL prefix (default %(default)s)")
     cfg.add_argument("--kubeconfig", default=None, help="kubeconfig for kube-scheduler's clientConnection")
     cfg.add_argument(
         "--leader-elect", action=argparse.BooleanOptionalAction, default=True, help="kube-scheduler leader election"
     )
-    serve_flags(parser)  # `share-scheduler --port ...` serves, too
+    serve_flags(parser, with_defaults=True)  # `share-scheduler --port ...` serves, too
     return parser
 
 

@@ -157,3 +157,13 @@ def test_gunicorn_serves(tmp_path):
     finally:
         proc.terminate()  # the process this test started, by its PID
         proc.wait(timeout=15)
+
+
+def test_serve_flags_before_or_after_the_command_mean_the_same() -> None:
+    from share_scheduler.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["--kubeconfig", "K", "--port", "7", "serve"], ["serve", "--kubeconfig", "K", "--port", "7"]):
+        args = parser.parse_args(argv)
+        assert (args.kubeconfig, args.port, args.policy) == ("K", 7, "binpack"), argv
+    assert parser.parse_args(["serve"]).port == 12345
