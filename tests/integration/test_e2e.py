@@ -231,3 +231,22 @@ def test_restarts_mid_burst_lose_nothing_and_double_book_nothing(gpu_cluster: Gp
     assert phases["Running"] >= 40, phases
     gpu_cluster.check_invariants()
     _assert_extender_view_is_truth(gpu_cluster)
+
+
+def test_frag_policy_runs_live(gpu_cluster: GpuCluster, ns: str) -> None:
+    """`share-scheduler --policy frag` places through the real kube-scheduler like any policy."""
+    gpu_cluster.policy = "frag"
+    gpu_cluster.restart_extender()
+    try:
+        for suffix in "ab":
+            gpu_cluster.add_node(_node_name(ns, suffix), "2xA100:40GiB")
+        pods = _mixed_pods(ns, 24, seed=3)
+        _create_burst(gpu_cluster, pods)
+        final = _settled(gpu_cluster, ns)
+        phases = Counter(p["status"].get("phase") for p in final)
+        assert phases["Failed"] == 0 and phases["Running"] >= 20, phases
+        assert gpu_cluster.extender_json("/version")["policy"] == "frag"
+        _assert_extender_view_is_truth(gpu_cluster)
+    finally:
+        gpu_cluster.policy = "binpack"
+        gpu_cluster.restart_extender()
