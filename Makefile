@@ -20,8 +20,11 @@ venv: $(STAMP)
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
 
+LINT_PATHS := share_core share_plugin share_scheduler share_inspect tests bench hack samples
+
 lint: venv
-	$(VENV)/bin/ruff check share_core share_plugin share_scheduler share_inspect tests bench hack
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 unit: venv
 	$(PY) -m pytest tests -m 'not integration' -q
