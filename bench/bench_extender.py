@@ -2,13 +2,14 @@
 
 Prints filter / prioritize / bind latency (p50, p99) through the Flask app (JSON in and out, as
 kube-scheduler calls it with nodeCacheCapable: NodeNames of all 5,000 nodes), and the process RSS
-with the cache built. Run: python bench/bench_extender.py [--nodes N --gpus G --pods P --rounds R]
+with the cache built. By default each round is one scheduling cycle of a new pod (the cluster changes
+between rounds); --no-churn repeats one pod on an unchanged cluster.
+Run: python bench/bench_extender.py [--nodes N --gpus G --pods P --rounds R --policy binpack|frag] [--no-churn]
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import statistics
@@ -24,6 +25,7 @@ from share_core.assignment import Assignment
 from share_core.contract import ANN_NODE_GPUS, EXTENDER_PREFIX, RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
+from share_scheduler.syncer import settle_gc
 
 
 def rss_mib() -> float:
@@ -68,6 +70,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--binds", type=int, default=500)
     ap.add_argument("--policy", default="binpack")
+    ap.add_argument(
+        "--no-churn",
+        dest="churn",
+        action="store_false",
+        help="repeat one pod's filter/prioritize on an unchanged cluster (default: each round a new pod "
+        "of a varying size arrives, is filtered, prioritized and bound, so the cluster changes between rounds)",
+    )
     a = ap.parse_args()
     rng = random.Random(1)
     base = rss_mib()
@@ -90,25 +99,45 @@ def main() -> int:
     cache.replace_pods(running)
     build_s = time.perf_counter() - t0
     del running, free
-    gc.collect()
-    gc.freeze()  # as the server does after its first full sync: long-lived cache objects leave the GC's scans
+    settle_gc()  # as the server does after its first full sync: freeze the cache, rarer collections
     built = rss_mib()
 
     client = app.test_client()
+    sizes = [1, 2, 4, 8, 16]
+
+    def post(verb: str, body: bytes) -> tuple[float, bytes]:
+        t = time.perf_counter()
+        resp = client.post(f"{EXTENDER_PREFIX}/{verb}", data=body, content_type="application/json")
+        elapsed = time.perf_counter() - t
+        assert resp.status_code == 200, resp.data[:200]
+        return elapsed, resp.data
+
     gpu_pod = pod("want", 8)
     body = orjson.dumps({"Pod": gpu_pod, "Nodes": None, "NodeNames": names})
     for verb in ("filter", "prioritize"):
-        client.post(f"{EXTENDER_PREFIX}/{verb}", data=body, content_type="application/json")  # warm up
+        post(verb, body)  # warm up
     times: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
     passed = 0
-    for _ in range(a.rounds):
+    for r in range(a.rounds):
+        if a.churn:
+            # A scheduling cycle as kube-scheduler runs it: a new pod appears (the watch shows it;
+            # workload-aware policies observe it), filter, prioritize, bind it to the best node.
+            new = pod(f"cycle-{r}", sizes[r % len(sizes)])
+            kube.add_pod(new)
+            cache.upsert_pod(new)
+            body = orjson.dumps({"Pod": new, "Nodes": None, "NodeNames": names})
         for verb in ("filter", "prioritize"):
-            t = time.perf_counter()
-            resp = client.post(f"{EXTENDER_PREFIX}/{verb}", data=body, content_type="application/json")
-            times[verb].append(time.perf_counter() - t)
-            assert resp.status_code == 200, resp.data[:200]
+            elapsed, data = post(verb, body)
+            times[verb].append(elapsed)
             if verb == "filter":
-                passed = len(orjson.loads(resp.data)["NodeNames"])
+                passed = len(orjson.loads(data)["NodeNames"])
+            elif a.churn:
+                best = max(orjson.loads(data), key=lambda h: h["Score"])["Host"]
+                args = {"PodName": f"cycle-{r}", "PodNamespace": "bench", "PodUID": f"uid-cycle-{r}", "Node": best}
+                t = time.perf_counter()
+                resp = client.post(f"{EXTENDER_PREFIX}/bind", json=args)
+                times["bind"].append(time.perf_counter() - t)
+                assert resp.status_code == 200 and resp.get_json()["Error"] == "", resp.get_json()
 
     for i in range(a.binds):
         kube.add_pod(pod(f"new-{i}", rng.choice([1, 2, 4, 8])))
@@ -120,7 +149,7 @@ def main() -> int:
         assert resp.status_code == 200 and resp.get_json()["Error"] == "", resp.get_json()
 
     print(f"cluster: {a.nodes} nodes x {a.gpus} GPUs x {a.gpu_mem} GiB, {len(cache._pods)} running pods; "
-          f"policy {a.policy}; cache built in {build_s:.1f}s")  # fmt: skip
+          f"policy {a.policy}; {'churn' if a.churn else 'no churn'}; cache built in {build_s:.1f}s")  # fmt: skip
     print(f"NodeNames per request: {len(names)}; nodes passing filter: {passed}")
     for verb, xs in times.items():
         print(f"{verb:<10} n={len(xs):<4} p50 {pct(xs, 0.5):8.2f} ms   p99 {pct(xs, 0.99):8.2f} ms   "

@@ -28,6 +28,7 @@ from share_scheduler.binder import Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache, demand_of
 from share_scheduler.extender import (
     BadRequest,
+    ScoreMemo,
     filter_nodes,
     filter_result,
     invalid_request_message,
@@ -123,19 +124,27 @@ def create_app(
         cache = ClusterCache(**kw)
     metrics = Metrics(cache)
     binder = Binder(kube, cache, policy, unit, on_failure=lambda r: metrics.bind_failures.labels(r).inc())
+    memo = ScoreMemo(policy)
 
     def observe(req: PodRequest) -> None:
         # Workload-aware policies (frag) learn the pod-size distribution from every pod we see,
         # the initial list included, so a restarted extender relearns it from the cluster.
         with binder.policy_lock:
             policy.observe(demand_of(req))
+        memo.invalidate()  # a learning policy may now score a view differently (no-op for binpack)
 
     cache.set_observer(observe)
     syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
 
     app = Flask("share_scheduler")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
-    app.extensions["gpushare"] = {"cache": cache, "binder": binder, "syncer": syncer, "metrics": metrics}
+    app.extensions["gpushare"] = {
+        "cache": cache,
+        "binder": binder,
+        "syncer": syncer,
+        "metrics": metrics,
+        "memo": memo,
+    }
 
     def timed(verb: str, fn: Callable[[], Response]) -> Response:
         start = time.perf_counter()
@@ -174,8 +183,7 @@ def create_app(
             return _json([{"Host": n, "Score": 0} for n in args.names])
         _, demand = wanted
         entries = cache.entries(args.names)
-        with binder.policy_lock:
-            return _json(prioritize(policy, demand, entries))
+        return _json(prioritize(policy, demand, entries, memo, binder.policy_lock))
 
     def do_bind() -> Response:
         try:

@@ -150,17 +150,17 @@ class Binder:
             return f"bound to node {args.node} (no {self.unit.value} of GPU memory requested)"
         request, demand = wanted
         with self._node_lock(args.node):
-            state = self.cache.node_state(args.node)
-            if state is None:
+            snap = self.cache.node_snapshot(args.node)
+            if snap is None:
                 raise BindError(f"node {args.node} is not known to the gpushare extender", "unknown_node")
             with self.policy_lock:
-                chosen = self.policy.choose(state, demand)
+                chosen = self.policy.choose(snap.state, demand)
             if chosen is None:
-                entry = dict(self.cache.entries([args.node]))[args.node]
-                reason = unfit_reason(entry, demand, self.unit)[0] if entry else "node is gone"
+                reason = unfit_reason(snap, demand, self.unit)[0]
                 raise BindError(f"pod {args.key} no longer fits on node {args.node}: {reason}", "no_fit")
-            by_index = {g.index: g for g in state.gpus}
-            uuids = tuple(self._uuid(args.node, i) for i in chosen)
+            by_index = {g.index: g for g in snap.state.gpus}
+            uuid_of = {g.index: g.uuid for g in snap.gpus}
+            uuids = tuple(uuid_of.get(i, "") for i in chosen)
             assignment = Assignment(chosen, uuids, request.total, self._clock_ns(), assigned=False)
             self.cache.assume(args.key, args.uid or _uid(pod), Contribution(args.node, chosen, demand.per_gpu))
             try:
@@ -173,14 +173,6 @@ class Binder:
                 raise BindError(f"unexpected error binding {args.key}: {exc!r}", "internal") from exc
             gpus = ", ".join(f"GPU {i} ({demand.per_gpu} of {by_index[i].total} {self.unit.value})" for i in chosen)
             return f"assigned {gpus} on {args.node}"
-
-    def _uuid(self, node: str, index: int) -> str:
-        for name, entry in self.cache.entries([node]):
-            if entry is not None and name == node:
-                for g in entry.gpus:
-                    if g.index == index:
-                        return g.uuid
-        return ""
 
     @staticmethod
     def _has_assignment(pod: Mapping[str, Any]) -> bool:

@@ -14,6 +14,7 @@ Two sources of truth are merged:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -27,11 +28,12 @@ from share_core.assignment import parse_assignment, pod_annotations, pod_is_fini
 from share_core.contract import MemoryUnit
 from share_core.gpus import GpuInfo, node_gpus
 from share_core.request import InvalidRequest, PodRequest, pod_request
-from share_scheduler.placement import Demand, GpuSlot, NodeState
+from share_scheduler.placement import Demand, GpuSlot, NodeState, NodeView, node_view
 
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL = 300.0  # seconds an assumed pod counts without the API server confirming its Binding
+VIEW_INTERN_LIMIT = 50_000  # distinct node views remembered for sharing view ids (at least 4 per node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,17 +86,41 @@ def demand_of(request: PodRequest) -> Demand:
     return Demand(per_gpu=request.per_gpu, count=request.gpu_count, models=request.models)
 
 
+_view_ids = itertools.count(1)  # process-wide, never reused: a view id names one NodeView forever
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeSnapshot:
+    """One node frozen at one moment: what filter, prioritize and bind read, outside the cache lock.
+
+    Built once per change of the node (lazily, on the first read after it) and then shared by every
+    request until the node changes again, so the hot path builds nothing per node. `view_id` names
+    `view` (the placement view, see `placement.node_view`): equal ids mean equal views, so a memo
+    keyed on it can never answer for another state. `memo` is this snapshot's own scratch (e.g. the
+    filter's reasons): it dies with the snapshot, so nothing in it can outlive the state it describes.
+    """
+
+    name: str
+    gpus: tuple[GpuInfo, ...]
+    used: tuple[int, ...]
+    problem: str
+    state: NodeState
+    view: NodeView
+    view_id: int
+    free_desc: tuple[int, ...]  # free units of the healthy GPUs, largest first (O(1) fits, any model)
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+
 @dataclass(slots=True)
 class NodeEntry:
-    """One node: its GPUs (index order) and units promised on each, plus a memo of the placement view."""
+    """One node: its GPUs (index order) and units promised on each, plus its current snapshot."""
 
     name: str
     gpus: tuple[GpuInfo, ...]
     used: list[int]
     position: dict[int, int]  # GPU index -> position in `gpus`
     problem: str = ""
-    _state: NodeState | None = field(default=None, repr=False)
-    _free_desc: tuple[int, ...] | None = field(default=None, repr=False)
+    _snap: NodeSnapshot | None = field(default=None, repr=False)
 
     @classmethod
     def build(cls, name: str, gpus: Iterable[GpuInfo], problem: str = "") -> NodeEntry:
@@ -102,31 +128,40 @@ class NodeEntry:
         return cls(name, ordered, [0] * len(ordered), {g.index: i for i, g in enumerate(ordered)}, problem)
 
     def touch(self) -> None:
-        self._state = None
-        self._free_desc = None
+        self._snap = None
 
-    def state(self) -> NodeState:
-        """The plain-data view placement policies take (memoised until the node changes)."""
-        if self._state is None:
-            self._state = NodeState(
+    def snapshot(self, intern: dict[NodeView, int] | None = None) -> NodeSnapshot:
+        """The node as it is now (memoised until it changes; call under the cache lock).
+
+        `intern` maps views already seen to their ids, so nodes in the same state share a view id
+        (and so share memoised scores); without it every snapshot gets a fresh id."""
+        snap = self._snap
+        if snap is None:
+            used = tuple(self.used)
+            state = NodeState(
                 self.name,
                 tuple(
                     GpuSlot(g.index, g.model, g.memory, max(g.memory - u, 0), g.healthy)
-                    for g, u in zip(self.gpus, self.used, strict=True)
+                    for g, u in zip(self.gpus, used, strict=True)
                 ),
             )
-        return self._state
+            view = node_view(state)[0]
+            if intern is None:
+                view_id = next(_view_ids)
+            else:
+                view_id = intern.get(view, 0)
+                if not view_id:
+                    view_id = intern[view] = next(_view_ids)
+            free_desc = tuple(sorted((s.free for s in state.gpus if s.healthy), reverse=True))
+            snap = self._snap = NodeSnapshot(self.name, self.gpus, used, self.problem, state, view, view_id, free_desc)
+        return snap
+
+    def state(self) -> NodeState:
+        """The plain-data view placement policies take (memoised until the node changes)."""
+        return self.snapshot().state
 
     def free_desc(self) -> tuple[int, ...]:
-        """Free units of the healthy GPUs, largest first: `fits` for any-model demands in O(1)."""
-        if self._free_desc is None:
-            self._free_desc = tuple(
-                sorted(
-                    (max(g.memory - u, 0) for g, u in zip(self.gpus, self.used, strict=True) if g.healthy),
-                    reverse=True,
-                )
-            )
-        return self._free_desc
+        return self.snapshot().free_desc
 
 
 class ClusterCache:
@@ -151,6 +186,9 @@ class ClusterCache:
         self._on_new_pod = on_new_pod
         self._synced = {"nodes": False, "pods": False}
         self.generation = 0  # bumps on every change; cheap "did anything move" for callers
+        # Views seen -> their ids, so nodes in equal states share one id. Bounded: when it is full it
+        # starts afresh; ids are never reused, so older snapshots keep ids that still name their view.
+        self._views: dict[NodeView, int] = {}
 
     def set_observer(self, on_new_pod: Callable[[PodRequest], None] | None) -> None:
         """Called once per pod that asks for GPU memory (under the cache lock: keep it quick)."""
@@ -263,6 +301,8 @@ class ClusterCache:
                 del self._nodes[name]
                 self.generation += 1
             self._synced["nodes"] = True
+            if self._synced["pods"]:
+                self._warm()
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -282,8 +322,9 @@ class ClusterCache:
         self._seen_requests.add(ident)
         self._on_new_pod(request)
 
-    def _set_pod_locked(self, pod: Mapping[str, Any]) -> None:
-        record = pod_record(pod)
+    def _set_pod_locked(self, pod: Mapping[str, Any], record: PodRecord | None = None) -> None:
+        if record is None:
+            record = pod_record(pod)
         old = self._pods.get(record.key)
         if old is not None and old.uid == record.uid and old.node and not record.node:
             # nodeName never goes from set to unset for one pod: this event predates the Binding.
@@ -317,17 +358,26 @@ class ClusterCache:
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A full list: pods it lacks are gone (assumed pods stay: the list may predate their bind)."""
+        # Parse outside the lock (pure): a relist of 40,000 pods then holds it ~3x shorter.
+        records = [(pod, pod_record(pod)) for pod in pods]
         with self._lock:
             self._expire()
             keys = set()
-            for pod in pods:
-                self._set_pod_locked(pod)
-                keys.add(pod_key(pod))
+            for pod, record in records:
+                self._set_pod_locked(pod, record)
+                keys.add(record.key)
             for key in set(self._pods) - keys:
                 record = self._pods.pop(key)
                 self._seen_requests.discard(record.uid or key)
                 self._refresh(key)
             self._synced["pods"] = True
+            self._warm()
+
+    def _warm(self) -> None:
+        """Build the snapshots a full list changed now, not in the first filter after it."""
+        for entry in self._nodes.values():
+            if entry._snap is None:
+                self._snapshot(entry)
 
     # -- the binder's side -----------------------------------------------------------------------
 
@@ -350,23 +400,37 @@ class ClusterCache:
 
     # -- readers ---------------------------------------------------------------------------------
 
+    def _snapshot(self, entry: NodeEntry) -> NodeSnapshot:
+        if entry._snap is None and len(self._views) >= max(VIEW_INTERN_LIMIT, 4 * len(self._nodes)):
+            self._views = {}
+        return entry.snapshot(self._views)
+
     def node_state(self, name: str) -> NodeState | None:
+        snap = self.node_snapshot(name)
+        return snap.state if snap is not None else None
+
+    def node_snapshot(self, name: str) -> NodeSnapshot | None:
         with self._lock:
             self._expire()
             entry = self._nodes.get(name)
-            return entry.state() if entry is not None else None
+            return self._snapshot(entry) if entry is not None else None
 
-    def entries(self, names: Iterable[str]) -> list[tuple[str, NodeEntry | None]]:
-        """Snapshot of the named nodes for filter/prioritize (entries are read under the lock)."""
+    def entries(self, names: Iterable[str]) -> list[tuple[str, NodeSnapshot | None]]:
+        """Immutable snapshots of the named nodes for filter/prioritize/bind (None: unknown node).
+
+        Only the lookups happen under the lock; a snapshot is rebuilt only for a node that changed
+        since it was last read, so a request over 5,000 unchanged nodes allocates almost nothing."""
         with self._lock:
             self._expire()
+            get = self._nodes.get
             out = []
             for name in names:
-                entry = self._nodes.get(name)
-                if entry is not None:
-                    entry.state()
-                    entry.free_desc()
-                out.append((name, entry))
+                entry = get(name)
+                if entry is None:
+                    out.append((name, None))
+                else:
+                    snap = entry._snap
+                    out.append((name, snap if snap is not None else self._snapshot(entry)))
             return out
 
     def node_names(self) -> list[str]:

@@ -14,16 +14,20 @@ kube-scheduler semantics this follows:
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from share_core.contract import RESOURCE_MEM, MemoryUnit
 from share_core.request import InvalidRequest, PodRequest, pod_request
-from share_scheduler.cache import NodeEntry, demand_of
-from share_scheduler.placement import Demand, Policy, fits
+from share_scheduler.cache import NodeSnapshot, demand_of
+from share_scheduler.placement import POLICIES, Demand, Policy, WorkloadTable, fits
 
 MAX_EXTENDER_PRIORITY = 10
+NEG_INF = float("-inf")
+SNAPSHOT_MEMO_LIMIT = 64  # answers kept per node snapshot (distinct demands seen while the node is unchanged)
 
 
 class BadRequest(ValueError):
@@ -98,7 +102,7 @@ def pod_demand(pod: Mapping[str, Any]) -> tuple[PodRequest, Demand] | None:
     return request, demand_of(request)
 
 
-def _fmt_free(entry: NodeEntry, unit: MemoryUnit) -> str:
+def _fmt_free(entry: NodeSnapshot, unit: MemoryUnit) -> str:
     parts = []
     for g, used in zip(entry.gpus, entry.used, strict=True):
         note = "" if g.healthy else " (unhealthy)"
@@ -114,16 +118,39 @@ def _need(demand: Demand, unit: MemoryUnit) -> str:
     return text
 
 
-def node_fits(entry: NodeEntry, demand: Demand) -> bool:
-    """Fast path over the memoised free vector; the placement module's `fits` is the reference."""
+def _remember(snap: NodeSnapshot, key: Any, value: Any) -> Any:
+    memo = snap.memo
+    if len(memo) >= SNAPSHOT_MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
+def node_fits(entry: NodeSnapshot, demand: Demand) -> bool:
+    """Fast path over the snapshot's free vector; the placement module's `fits` is the reference."""
     if not demand.models:
-        free = entry.free_desc()
+        free = entry.free_desc
         return len(free) >= demand.count and free[demand.count - 1] >= demand.per_gpu
-    return fits(entry.state(), demand)
+    key = ("fits", demand)
+    ok = entry.memo.get(key)
+    if ok is None:
+        ok = _remember(entry, key, fits(entry.state, demand))
+    return ok
 
 
-def unfit_reason(entry: NodeEntry, demand: Demand, unit: MemoryUnit) -> tuple[str, bool]:
-    """Why the demand does not fit, for a person; and whether it never could (preemption won't help)."""
+def unfit_reason(entry: NodeSnapshot, demand: Demand, unit: MemoryUnit) -> tuple[str, bool]:
+    """Why the demand does not fit, for a person; and whether it never could (preemption won't help).
+
+    Memoised on the snapshot: a full cluster fails most nodes for every pod, and their reasons only
+    change when the node does."""
+    key = ("unfit", demand, unit)
+    found = entry.memo.get(key)
+    if found is None:
+        found = _remember(entry, key, _unfit_reason(entry, demand, unit))
+    return found
+
+
+def _unfit_reason(entry: NodeSnapshot, demand: Demand, unit: MemoryUnit) -> tuple[str, bool]:
     if entry.problem:
         return f"node's {RESOURCE_MEM} inventory is unreadable: {entry.problem}", True
     if not entry.gpus:
@@ -139,8 +166,11 @@ def unfit_reason(entry: NodeEntry, demand: Demand, unit: MemoryUnit) -> tuple[st
     return reason, not could_ever
 
 
+UNKNOWN_NODE = "node is not known to the gpushare extender yet (no such node, or its watch lags)"
+
+
 def filter_nodes(
-    demand: Demand, entries: Sequence[tuple[str, NodeEntry | None]], unit: MemoryUnit
+    demand: Demand, entries: Sequence[tuple[str, NodeSnapshot | None]], unit: MemoryUnit
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Pure: (passing names, FailedNodes, FailedAndUnresolvableNodes)."""
     passed: list[str] = []
@@ -148,7 +178,7 @@ def filter_nodes(
     unresolvable: dict[str, str] = {}
     for name, entry in entries:
         if entry is None:
-            failed[name] = "node is not known to the gpushare extender yet (no such node, or its watch lags)"
+            failed[name] = UNKNOWN_NODE
             continue
         if node_fits(entry, demand):
             passed.append(name)
@@ -194,14 +224,125 @@ def normalise_scores(raw: Mapping[str, float]) -> dict[str, int]:
     return {name: rank.get(s, 0) for name, s in raw.items()}
 
 
-def prioritize(policy: Policy, demand: Demand, entries: Sequence[tuple[str, NodeEntry | None]]) -> list[dict[str, Any]]:
-    """HostPriorityList for the candidate nodes, in request order."""
+_NOOP_OBSERVE = getattr(POLICIES["binpack"], "observe", None)  # binpack and spread learn nothing
+
+
+class ScoreMemo:
+    """Policy scores memoised per (demand, node view): shared across requests and across nodes.
+
+    Keyed on the snapshot's `view_id`, never on the node name: a node that changes gets a new
+    snapshot whose view id names its new view, so a memoised score can never answer for a state it
+    was not computed from, and the many nodes in equal states (empty, full) share one entry.
+
+    Only policies flagged `cacheable` are memoised (random is not). `cacheable` promises purity for a
+    fixed learned workload, so for a policy that learns from observe():
+    - if it exposes its learned workload as an immutable `WorkloadTable` snapshot (`policy.table`, as
+      frag does), the memo is valid exactly as long as that snapshot is the same object;
+    - otherwise every observe() starts afresh (`invalidate()`).
+    Starting afresh swaps in new dicts rather than clearing the old ones, so a request that computed a
+    score under the old workload can only store it where nobody looks any more.
+    """
+
+    LIMIT = 200_000  # memoised (demand, view) scores before starting afresh
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.enabled = bool(getattr(policy, "cacheable", False))
+        learns = getattr(type(policy), "observe", None) is not _NOOP_OBSERVE
+        # Policies whose learned workload is a WorkloadTable snapshot: memo valid while it is unchanged.
+        self._by_table = learns and isinstance(getattr(policy, "table", None), WorkloadTable)
+        self.learns = learns and not self._by_table  # invalidated by every observe()
+        self._token: object = None
+        self._tables: dict[Demand, dict[int, float]] = {}
+        self._size = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def table(self, demand: Demand) -> dict[int, float] | None:
+        """view id -> score for this demand (None when the policy may not be memoised)."""
+        if not self.enabled:
+            return None
+        if self._by_table:
+            token = self.policy.table  # type: ignore[attr-defined]
+            if token is not self._token:
+                with self._lock:
+                    self._tables = {}
+                    self._size = 0
+                    self._token = token
+        table = self._tables.get(demand)
+        if table is None:
+            with self._lock:
+                table = self._tables.setdefault(demand, {})
+        return table
+
+    def added(self, n: int) -> None:
+        """`n` scores were stored; start afresh once the memo is over its bound."""
+        self.misses += n
+        self._size += n
+        if self._size >= self.LIMIT:
+            self.clear()
+
+    def invalidate(self) -> None:
+        """The policy's learned workload may have changed."""
+        if self.learns:
+            self.clear()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tables = {}
+            self._size = 0
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self._tables.values())
+
+
+def _score(
+    policy: Policy, demand: Demand, entry: NodeSnapshot, lock: AbstractContextManager[Any] | threading.Lock
+) -> float:
+    if not node_fits(entry, demand):
+        return NEG_INF
+    evaluate = getattr(policy, "evaluate", None)
+    with lock:
+        if evaluate is None:  # a policy with only the older score(NodeState, Demand)
+            return policy.score(entry.state, demand)
+        ev = evaluate(entry.view, demand)
+    return NEG_INF if ev is None else ev[0]
+
+
+def prioritize(
+    policy: Policy,
+    demand: Demand,
+    entries: Sequence[tuple[str, NodeSnapshot | None]],
+    memo: ScoreMemo | None = None,
+    lock: threading.Lock | None = None,
+) -> list[dict[str, Any]]:
+    """HostPriorityList for the candidate nodes, in request order.
+
+    `lock` (the binder's policy lock) is held only around the policy's own evaluations, not for the
+    whole request: with a memo most nodes are a dict lookup."""
+    guard: AbstractContextManager[Any] | threading.Lock = lock if lock is not None else nullcontext()
+    table = memo.table(demand) if memo is not None else None
     raw: dict[str, float] = {}
-    for name, entry in entries:
-        if entry is None or not node_fits(entry, demand):
-            raw[name] = float("-inf")
-        else:
-            raw[name] = policy.score(entry.state(), demand)
+    if table is None:
+        for name, entry in entries:
+            raw[name] = NEG_INF if entry is None else _score(policy, demand, entry, guard)
+    else:
+        assert memo is not None
+        get = table.get
+        stored = 0
+        for name, entry in entries:
+            if entry is None:
+                raw[name] = NEG_INF
+                continue
+            score = get(entry.view_id)
+            if score is None:
+                score = table[entry.view_id] = _score(policy, demand, entry, guard)
+                stored += 1
+            raw[name] = score
+        memo.hits += len(raw) - stored
+        if stored:
+            memo.added(stored)
     scores = normalise_scores(raw)
     return [{"Host": name, "Score": scores[name]} for name, _ in entries]
 

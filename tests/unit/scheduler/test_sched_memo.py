@@ -1,0 +1,187 @@
+"""The hot path's caches: per-node snapshots and memoised policy scores never answer for a stale state."""
+
+from __future__ import annotations
+
+import random
+
+from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
+from share_core.gpus import GpuInfo
+from share_scheduler.cache import ClusterCache, Contribution
+from share_scheduler.extender import ScoreMemo, filter_nodes, prioritize
+from share_scheduler.placement import Demand, make_policy
+from tests.unit.scheduler.conftest import filter_args, make_node, make_pod
+
+
+def holder(name: str, node: str, gpu: int, mem: int) -> dict:
+    ann = {ANN_GPU_INDEX: str(gpu), ANN_GPU_UUID: f"GPU-{node}-{gpu}", ANN_GPU_MEM: str(mem), ANN_ASSIGNED: "true"}
+    pod = make_pod(name, mem, node=node, annotations=ann)
+    pod["status"]["phase"] = "Running"
+    return pod
+
+
+def cache_with(nodes: dict[str, list[int]]) -> ClusterCache:
+    cache = ClusterCache()
+    cache.replace_nodes([make_node(n, g) for n, g in nodes.items()])
+    cache.replace_pods([])
+    return cache
+
+
+def scores(policy, memo, demand, cache, names):
+    return {h["Host"]: h["Score"] for h in prioritize(policy, demand, cache.entries(names), memo)}
+
+
+def test_snapshot_is_shared_until_the_node_changes():
+    cache = cache_with({"a": [16, 16], "b": [16, 16]})
+    first = dict(cache.entries(["a", "b"]))
+    again = dict(cache.entries(["a", "b"]))
+    assert first["a"] is again["a"]  # nothing changed: nothing rebuilt
+    assert first["a"].view_id == first["b"].view_id  # equal states share one view id
+    cache.upsert_pod(holder("p", "a", 1, 6))
+    after = dict(cache.entries(["a", "b"]))
+    assert after["a"] is not first["a"] and after["b"] is first["b"]
+    assert after["a"].view_id != first["a"].view_id
+    assert after["a"].used == (0, 6) and after["a"].free_desc == (16, 10)
+    assert [g.free for g in after["a"].state.gpus] == [16, 10]
+    # Back to the old state: the old view's id may be reused (same view), never a stale score.
+    cache.delete_pod(holder("p", "a", 1, 6))
+    back = dict(cache.entries(["a"]))["a"]
+    assert back.used == (0, 0) and back.view == first["a"].view
+
+
+def test_a_node_change_invalidates_its_memoised_score():
+    policy = make_policy("binpack")
+    memo = ScoreMemo(policy)
+    cache = cache_with({"a": [16], "b": [16]})
+    demand = Demand(per_gpu=4)
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 10, "b": 10}
+    assert len(memo) == 1  # one view, one entry, shared by both nodes
+    cache.upsert_pod(holder("p", "b", 0, 8))  # b is now the better fit
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 9, "b": 10}
+    cache.upsert_pod(holder("q", "a", 0, 10))  # a now the best fit; b second
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 10, "b": 9}
+    cache.upsert_pod(holder("r", "b", 0, 6))  # b full: the demand no longer fits there
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 10, "b": 0}
+    # An assumed pod (our own bind, before the API server shows it) changes the score too.
+    cache.assume("default/s", "uid-s", Contribution("a", (0,), 4))
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 0, "b": 0}
+    cache.forget("default/s")
+    assert scores(policy, memo, demand, cache, ["a", "b"]) == {"a": 10, "b": 0}
+    assert memo.hits > 0
+
+
+def test_memoised_scores_equal_fresh_ones_over_random_changes():
+    rng = random.Random(7)
+    names = [f"n{i}" for i in range(12)]
+    for name in ("binpack", "spread", "frag"):
+        policy = make_policy(name)
+        memo = ScoreMemo(policy)
+        cache = cache_with({n: [16, 16, 8] for n in names})
+        for step in range(60):
+            node, gpu = rng.choice(names), rng.randrange(3)
+            key = f"p{step}"
+            pod = holder(key, node, gpu, rng.choice([1, 2, 4]))
+            cache.upsert_pod(pod)
+            policy.observe(Demand(per_gpu=rng.choice([1, 2, 4, 8])))
+            memo.invalidate()  # as the app does after every observe
+            demand = Demand(per_gpu=rng.choice([1, 2, 4, 8]), count=rng.choice([1, 1, 2]))
+            got = scores(policy, memo, demand, cache, names)
+            fresh = scores(policy, None, demand, cache, names)
+            reference = {}
+            for n, snap in cache.entries(names):
+                reference[n] = policy.score(snap.state, demand)
+            assert got == fresh, (name, step)
+            best = max(reference.values())
+            if best != float("-inf"):
+                assert {n for n, s in got.items() if s == 10} == {n for n, s in reference.items() if s == best}
+
+
+def test_frag_memo_follows_the_learned_workload():
+    policy = make_policy("frag")
+    memo = ScoreMemo(policy)
+    assert memo.enabled and not memo.learns  # valid while frag's WorkloadTable snapshot is unchanged
+    policy.observe(Demand(per_gpu=4))
+    demand = Demand(per_gpu=4)
+    table = memo.table(demand)
+    table[123] = 1.0
+    assert memo.table(demand) is table  # same workload: same memo
+    policy.observe(Demand(per_gpu=16))  # a new pod class: frag's table is rebuilt
+    assert memo.table(demand) == {}
+
+
+def test_unknown_learning_policy_is_invalidated_by_every_observe_and_random_is_never_memoised():
+    class Learner:
+        name = "learner"
+        cacheable = True
+
+        def __init__(self):
+            self.bias = 0.0
+
+        def evaluate(self, view, demand):
+            return (self.bias, (0,)) if view[0] and view[0][0][1] >= demand.per_gpu else None
+
+        def observe(self, demand):
+            self.bias += 1
+
+    learner = Learner()
+    memo = ScoreMemo(learner)
+    assert memo.learns
+    memo.table(Demand(per_gpu=1))[5] = 0.0
+    learner.observe(Demand(per_gpu=1))
+    memo.invalidate()
+    assert memo.table(Demand(per_gpu=1)) == {}
+    assert ScoreMemo(make_policy("random", seed=1)).table(Demand(per_gpu=1)) is None
+    binpack_memo = ScoreMemo(make_policy("binpack"))
+    binpack_memo.table(Demand(per_gpu=1))[5] = 0.0
+    binpack_memo.invalidate()  # binpack learns nothing: observe must not throw its memo away
+    assert binpack_memo.table(Demand(per_gpu=1)) == {5: 0.0}
+
+
+def test_filter_reasons_follow_the_node():
+    cache = cache_with({"a": [16, 16]})
+    demand = Demand(per_gpu=15)
+    assert filter_nodes(demand, cache.entries(["a"]), cache.unit)[0] == ["a"]
+    cache.upsert_pod(holder("p", "a", 0, 8))
+    cache.upsert_pod(holder("q", "a", 1, 8))
+    passed, failed, _ = filter_nodes(demand, cache.entries(["a"]), cache.unit)
+    assert passed == [] and failed["a"].startswith("GPUs free: 0:8 GiB, 1:8 GiB;")
+    cache.delete_pod(holder("q", "a", 1, 8))
+    cache.upsert_pod(holder("q2", "a", 1, 2))
+    passed, failed, _ = filter_nodes(demand, cache.entries(["a"]), cache.unit)
+    assert passed == [] and failed["a"].startswith("GPUs free: 0:8 GiB, 1:14 GiB;")
+
+
+def test_view_ids_stay_unique_when_the_intern_table_starts_afresh(monkeypatch):
+    import share_scheduler.cache as cache_mod
+
+    monkeypatch.setattr(cache_mod, "VIEW_INTERN_LIMIT", 1)
+    cache = cache_with({"a": [16]})
+    cache._nodes["a"] = cache_mod.NodeEntry.build("a", [GpuInfo(0, "GPU-a-0", "NVIDIA A100", 16)])
+    seen: dict[int, tuple] = {}
+    for i, mem in enumerate([1, 2, 3, 2, 1, 4]):
+        cache.upsert_pod(holder(f"p{i}", "a", 0, mem))
+        snap = cache.node_snapshot("a")
+        assert seen.setdefault(snap.view_id, snap.view) == snap.view  # an id never names two views
+        cache.delete_pod(holder(f"p{i}", "a", 0, mem))
+
+
+def test_extender_prioritize_and_inspect_after_binds(kube, extender_factory):
+    kube.add_node(make_node("node-a", [16]))
+    kube.add_node(make_node("node-b", [16]))
+    ext = extender_factory().wait_ready()
+    pod = make_pod("first", 4)
+    kube.add_pod(pod)
+    assert {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(pod, ["node-a", "node-b"]))} == {
+        "node-a": 10,
+        "node-b": 10,
+    }
+    assert ext.call("bind", {"PodName": "first", "PodNamespace": "default", "PodUID": "uid-default-first",
+                             "Node": "node-b"})["Error"] == ""  # fmt: skip
+    second = make_pod("second", 4)
+    kube.add_pod(second)
+    # node-b holds 4 of 16 now: binpack must prefer it, whatever the memo saw before the bind.
+    got = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(second, ["node-a", "node-b"]))}
+    assert got == {"node-a": 9, "node-b": 10}
+    view = ext.client.get("/gpushare-scheduler/inspect/node-b").get_json()
+    assert view["nodes"][0]["gpus"][0]["allocated"] == 4 and view["nodes"][0]["gpus"][0]["free"] == 12
+    text = ext.client.get("/metrics").get_data(as_text=True)
+    assert 'gpushare_gpu_memory_allocated{gpu="0",node="node-b",uuid="GPU-node-b-0"} 4.0' in text
