@@ -1,6 +1,6 @@
 """Simulator time per seed per policy on the openb default trace (protocol of the paper, tune 1.3).
 
-python bench/bench_sim.py [--policy binpack,spread,random,frag] [--seeds 1]
+python bench/bench_sim.py [--policy binpack,bestfit,spread,random,frag] [--seeds 1]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default=str(DATA / "openb_node_list_gpu_node.csv"))
     ap.add_argument("--pods", default=str(DATA / "openb_pod_list_default.csv"))
-    ap.add_argument("--policy", default="binpack,spread,random,frag")
+    ap.add_argument("--policy", default="binpack,bestfit,spread,random,frag")
     ap.add_argument("--seeds", type=int, default=1)
     args = ap.parse_args()
     workload = load_openb(args.nodes, args.pods)

@@ -104,15 +104,21 @@ def plot(rows: list[dict], path: str) -> None:
     top = 0.0
     for row in rows:
         xs = [i * CURVE_STEP for i in range(len(row["_curve"]))]
-        ax.plot(xs, row["_curve"], label=row["policy"])
+        at100 = row["unallocated_pct"].get("100")
+        label = row["policy"] if at100 is None else f"{row['policy']} ({at100:.2f}% unallocated at 100%)"
+        ax.plot(xs, row["_curve"], label=label)
         top = max(top, xs[-1] if xs else 0.0)
     ax.plot([0, min(top, 100)], [0, min(top, 100)], color="grey", linestyle=":", linewidth=1, label="ideal")
+    if top >= 100:
+        ax.axvline(100, color="black", linestyle="--", linewidth=0.8, label="arrived = 100%")
+    seeds = rows[0]["seeds"] if rows else 0
+    ax.set_title(f"GPU allocation as the workload arrives (mean of {seeds} seed{'s' if seeds != 1 else ''})")
     ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
     ax.set_ylabel("GPU allocation (%)")
     ax.set_xlim(max(0.0, top - 60), top)
     ax.set_ylim(max(0.0, top - 60 - 5), 100)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

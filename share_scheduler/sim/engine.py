@@ -2,7 +2,8 @@
 
 Pods are drawn from the workload with replacement in a seeded random order until the GPU units asked
 for reach `tune` x the cluster's capacity; each goes to the node the policy scores highest (first node
-on ties, as `placement.best_node`), on the GPUs the policy picks, or fails; pods never leave. After
+on ties, as `placement.best_node`; uniformly at random among them for a policy with `random_ties`, as
+kube-scheduler does), on the GPUs the policy picks, or fails; pods never leave. After
 each arrival: arrived% = units asked so far (failed pods included) / capacity, allocation% = units
 placed / capacity. Unallocated% at arrived t = 100 - allocation% at the first arrival reaching t.
 
@@ -44,7 +45,15 @@ class SeedResult:
 def build_policy(name: str, seed: int, workload: Workload) -> Policy:
     """The same policy object the extender builds (placement.make_policy), taught the trace's pods."""
     cls = placement.POLICIES.get(name)
-    options = {"seed": seed} if cls is not None and "seed" in inspect.signature(cls).parameters else {}
+    params = inspect.signature(cls).parameters if cls is not None else {}
+    options: dict[str, int] = {"seed": seed} if "seed" in params else {}
+    # Normalisers (bestfit): the largest node's CPU and GPU capacity, as the paper's constants are for
+    # the openb cluster (128 cores, 8 x 1000 units); also right for a YAML cluster counted in GiB.
+    cpus = [n.cpu for n in workload.nodes if n.cpu]
+    if "cpu_spec" in params and cpus:
+        options["cpu_spec"] = max(cpus)
+    if "gpu_spec" in params and workload.gpu_capacity > 0:
+        options["gpu_spec"] = max(n.gpu_capacity for n in workload.nodes)
     policy = placement.make_policy(name, **options)
     for pod in workload.pods:
         policy.observe(pod.demand())
@@ -100,6 +109,9 @@ def simulate(
         members.setdefault(sid, []).append(i)
 
     cacheable = bool(getattr(policy, "cacheable", True))
+    # Policies with coarse scores (bestfit) leave ties to the caller, as kube-scheduler's selectHost
+    # does: uniformly at random among the best nodes, from a stream apart from the arrival order's.
+    tie_rng = random.Random(f"ties-{seed}") if getattr(policy, "random_ties", False) else None
     caches: list[dict[int, placement.Evaluation]] = [{} for _ in demands]
     evaluate = policy.evaluate
     missing = object()
@@ -122,7 +134,28 @@ def simulate(
         best_node = -1
         best_score = placement.NEG_INF
         best_ev: placement.Evaluation = None
-        if cacheable:
+        if cacheable and tie_rng is not None:
+            cache = caches[dix]
+            tied: list[int] = []
+            for sid in members:
+                ev = cache.get(sid, missing)
+                if ev is missing:
+                    ev = cache[sid] = evaluate(state_views[sid], demand)
+                if ev is None:
+                    continue
+                s = ev[0]
+                if s > best_score:
+                    best_score, tied = s, [sid]
+                elif s == best_score:
+                    tied.append(sid)
+            if tied:
+                pick = tie_rng.randrange(sum(len(members[sid]) for sid in tied))
+                for sid in tied:
+                    if pick < len(members[sid]):
+                        best_node, best_ev = members[sid][pick], cache[sid]
+                        break
+                    pick -= len(members[sid])
+        elif cacheable:
             cache = caches[dix]
             for sid, nodes_in in members.items():
                 ev = cache.get(sid, missing)

@@ -8,6 +8,7 @@ import pytest
 
 from share_scheduler import placement
 from share_scheduler.placement import (
+    BestFitPolicy,
     BinpackPolicy,
     Demand,
     FragPolicy,
@@ -28,7 +29,7 @@ def node(name: str, *frees: int, model: str = "A100", total: int = 1000, **kw) -
     return NodeState(name, tuple(GpuSlot(i, model, total, f) for i, f in enumerate(frees)), **kw)
 
 
-ALL = ["binpack", "spread", "random", "frag"]
+ALL = ["binpack", "bestfit", "spread", "random", "frag"]
 
 
 def test_registry_and_make_policy():
@@ -101,6 +102,45 @@ def test_binpack_picks_tightest_gpu_and_fullest_node():
     assert p.score(b, Demand(500)) > p.score(a, Demand(500))  # same leftover, fuller node
     assert best_node([a, b], Demand(500), p) is b
     assert p.choose(node("n", 1000, 700, 800, 1000), Demand(700, count=2)) == (1, 2)
+
+
+def test_bestfit_scores_as_the_paper_hand_checked():
+    p = BestFitPolicy()
+    assert (p.cpu_spec, p.gpu_spec, p.cpu_weight, p.levels) == (128_000, 8_000, 0.5, 100) and p.random_ties
+    # left after the pod: CPU 64000 - 16000 = 48000 -> 0.5 * 48000/128000 = 0.1875; GPU 2500 - 500 = 2000
+    # -> 0.5 * 2000/8000 = 0.125; score int(100 * (1 - 0.3125)) = int(68.75) = 68, on the tightest GPU.
+    n = node("n", 1000, 1000, 500, 0, cpu_free=64000)
+    assert p.score(n, Demand(500, cpu=16000)) == 68.0
+    assert p.choose(n, Demand(500, cpu=16000)) == (2,)
+    # Truncated to an integer, as the paper's Go code does: nearby nodes tie (broken at random by the caller).
+    assert p.score(node("m", 1000, 1000, 500, 0, cpu_free=64500), Demand(500, cpu=16000)) == 68.0
+    # Exact edges: 0.5 * 64000/128000 + 0.5 * 4000/8000 = 0.5 -> exactly 50.
+    assert p.score(node("e", 1000, 1000, 1000, 1000, 1000, cpu_free=64000), Demand(1000)) == 50.0
+    # Whole-GPU pods take the lowest-indexed free GPUs; shares the tightest GPU, lowest index on ties.
+    assert p.choose(node("w", 1000, 400, 1000, 1000, cpu_free=8000), Demand(1000, count=2)) == (0, 2)
+    assert p.choose(node("t", 700, 600, 600, 1000, cpu_free=8000), Demand(500)) == (1,)
+
+
+def test_bestfit_weighs_cpu_like_gpu_where_binpack_looks_at_the_gpu():
+    # a: tight GPU but all CPU free: left 0.5 * 1 + 0.5 * 500/8000 = 0.53125 -> 46.
+    # b: 8 empty GPUs but no CPU left: left 0 + 0.5 * 7500/8000 = 0.46875 -> 53. Best-fit takes b.
+    a = node("a", 1000, cpu_free=128_000)
+    b = node("b", *[1000] * 8, cpu_free=0)
+    d = Demand(500)
+    assert (BestFitPolicy().score(a, d), BestFitPolicy().score(b, d)) == (46.0, 53.0)
+    assert best_node([a, b], d, BestFitPolicy()) is b
+    assert best_node([a, b], d, BinpackPolicy()) is a
+
+
+def test_bestfit_without_cpu_is_least_gpu_left():
+    # The extender's NodeState has no CPU: the score is minus the node's free GPU after the pod, exact.
+    p = make_policy("bestfit")
+    a, b = node("a", 80, 80, total=80), node("b", 80, 30, total=80)
+    assert p.score(a, Demand(20)) == -140.0 and p.score(b, Demand(20)) == -90.0
+    assert best_node([a, b], Demand(20), p) is b and p.choose(b, Demand(20)) == (1,)
+    assert p.score(node("c", 80, 79, total=80), Demand(20)) == -139.0  # a 1 GiB difference still counts
+    with pytest.raises(ValueError):
+        BestFitPolicy(cpu_weight=1.5)
 
 
 def test_spread_picks_emptiest():

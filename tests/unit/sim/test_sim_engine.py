@@ -78,6 +78,36 @@ def test_cpu_fit_is_enforced(tmp_path):
     assert r.placed == 1 and r.unallocated_pct["100"] == pytest.approx(50)
 
 
+def test_bestfit_breaks_ties_at_random_like_kube_scheduler(tmp_path):
+    # Four identical empty nodes: every node ties for the first pod. binpack takes the first node;
+    # bestfit picks one uniformly at random (seeded; the arrival order is the same stream either way).
+    n, p = write_openb(tmp_path, [f"n{i},8000,1000,2,T4" for i in range(4)], ["p0,1000,10,1,600,,LS,Running,0,1,0"])
+    w = load_openb(n, p)
+    first = {}
+    for seed in range(12):
+        r = simulate(w, build_policy("bestfit", seed, w), seed, tune=600 / w.gpu_capacity)
+        assert r.arrivals == 1
+        (taken,) = [k for k, v in enumerate(r.final) if v[1] != 8000]
+        first[seed] = taken
+        assert simulate(w, build_policy("binpack", seed, w), seed, tune=600 / w.gpu_capacity).final[0][1] == 7000
+    assert len(set(first.values())) > 1
+    again = simulate(w, build_policy("bestfit", 5, w), 5, tune=600 / w.gpu_capacity)
+    assert [k for k, v in enumerate(again.final) if v[1] != 8000] == [first[5]]
+    # Later pods still go to the best score: the half-used node (tighter) beats the empty ones.
+    r = simulate(w, build_policy("bestfit", 0, w), 0, tune=1200 / w.gpu_capacity)
+    assert sum(1 for v in r.final if v[1] != 8000) == 1
+
+
+def test_bestfit_normalises_by_the_largest_node():
+    # The paper's constants are the openb cluster's largest node: 128 cores, 8 GPUs x 1000 units.
+    w = load_openb(OPENB / "openb_node_list_gpu_node.csv", OPENB / "openb_pod_list_default.csv")
+    policy = build_policy("bestfit", 0, w)
+    assert (policy.cpu_spec, policy.gpu_spec) == (placement.BestFitPolicy.CPU_SPEC, placement.BestFitPolicy.GPU_SPEC)
+    y = load_yaml(EXAMPLE)  # GiB: 8 x 80 GiB, 96 cores
+    policy = build_policy("bestfit", 0, y)
+    assert policy.gpu_spec == 640 and policy.cpu_spec == max(n.cpu for n in y.nodes)
+
+
 def test_seeds_are_reproducible_and_differ(tmp_path):
     w = load_yaml(EXAMPLE)
     a = run_policy(w, "frag", seed=3)
