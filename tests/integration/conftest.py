@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-# `tests.controlplane` must import under plain `pytest`, not only `python -m pytest`.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from tests.controlplane import ControlPlane
+from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
 from tests.controlplane.gpucluster import GpuCluster
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "integration: runs against a real kube-apiserver built by hack/build-k8s.sh",
-    )
 
 
 @pytest.fixture(scope="session")
@@ -33,22 +19,7 @@ def k8s_bin_dir() -> Path:
 
     GPUSHARE_K8S_BIN_DIR points at an already built dir and skips the script.
     """
-    preset = os.environ.get("GPUSHARE_K8S_BIN_DIR")
-    if preset:
-        return Path(preset)
-    result = subprocess.run(
-        [str(REPO_ROOT / "hack" / "build-k8s.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        tail = "\n".join(result.stderr.splitlines()[-60:])
-        raise RuntimeError(f"hack/build-k8s.sh failed ({result.returncode}):\n{tail}")
-    lines = result.stdout.strip().splitlines()
-    if not lines:
-        raise RuntimeError(f"hack/build-k8s.sh printed no bin dir; stderr:\n{result.stderr[-4000:]}")
-    return Path(lines[-1])
+    return find_k8s_bin_dir()
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 
+from tests.controlplane.binaries import k8s_bin_dir
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHART_DIR = REPO_ROOT / "charts" / "gpushare"
 ALL_OPTIONS = Path(__file__).resolve().parent / "all-options.yaml"
-BUILD_SCRIPT = REPO_ROOT / "hack" / "build-k8s.sh"
 
 DEFAULT_RELEASE = "gpushare"
 DEFAULT_NAMESPACE = "gpushare-system"
@@ -31,20 +32,6 @@ Obj = dict[str, Any]
 
 class HelmError(RuntimeError):
     """helm is missing, or a helm command failed; the message carries its output."""
-
-
-@functools.cache
-def k8s_bin_dir() -> Path:
-    """The bin dir of hack/build-k8s.sh (last line of its stdout); GPUSHARE_K8S_BIN_DIR overrides."""
-    preset = os.environ.get("GPUSHARE_K8S_BIN_DIR")
-    if preset:
-        return Path(preset)
-    result = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        tail = "\n".join(result.stderr.splitlines()[-40:])
-        raise HelmError(f"hack/build-k8s.sh failed ({result.returncode}); cannot find helm:\n{tail}")
-    return Path(lines[-1])
 
 
 @functools.cache
