@@ -241,6 +241,18 @@ class ApiServerClient:
         except orjson.JSONDecodeError as exc:
             raise KubeError(f"{method} {path}: response is not JSON: {exc}") from exc
 
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        content_type: str | None = None,
+    ) -> Obj:
+        """Any API call the KubeClient interface does not name (tests, tools, a kubelet stand-in):
+        same credentials, timeouts and typed errors; the JSON answer, or {} when there is none."""
+        return self._json(method, path, body=body, query=query, content_type=content_type)
+
     def _list(self, path: str, query: dict[str, Any]) -> ListResult:
         items: list[Obj] = []
         cont: str | None = None

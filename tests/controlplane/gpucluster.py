@@ -222,7 +222,7 @@ class GpuCluster:
             order=order,
         )
         self.nodes[name] = node
-        self.admin._json(
+        self.admin.request(
             "POST",
             "/api/v1/nodes",
             body={
@@ -231,15 +231,10 @@ class GpuCluster:
                 "metadata": {"name": name, "labels": {NODE_LABEL: NODE_LABEL_VALUE, "kubernetes.io/hostname": name}},
             },
         )
-        self._patch_node_status(name, {"cpu": "64", "memory": "512Gi", "pods": "250"})
+        resources = {"cpu": "64", "memory": "512Gi", "pods": "250"}
         # An address for `kubectl inspect gpushare` to show; nothing is ever sent to it.
-        address = f"127.0.1.{len(self.nodes)}"
-        self.admin._json(
-            "PATCH",
-            f"/api/v1/nodes/{name}/status",
-            body={"status": {"addresses": [{"type": "InternalIP", "address": address}]}},
-            content_type="application/merge-patch+json",
-        )
+        address = {"type": "InternalIP", "address": f"127.0.1.{len(self.nodes)}"}
+        self._patch_node_status(name, {"capacity": resources, "allocatable": resources, "addresses": [address]})
         node.kubelet.start()
         self.start_plugin(name, timeout)
         node.kubelet.run_with_kube(
@@ -325,13 +320,14 @@ class GpuCluster:
     def sync_node_capacity(self, name: str) -> None:
         """What kubelet does after ListAndWatch: node capacity = healthy devices of our resource."""
         healthy = len(self.nodes[name].kubelet.healthy_devices())
-        self._patch_node_status(name, {RESOURCE_MEM: str(healthy)})
+        resources = {RESOURCE_MEM: str(healthy)}
+        self._patch_node_status(name, {"capacity": resources, "allocatable": resources})
 
-    def _patch_node_status(self, name: str, resources: Mapping[str, str]) -> None:
-        self.admin._json(
+    def _patch_node_status(self, name: str, status: Mapping[str, Any]) -> None:
+        self.admin.request(
             "PATCH",
             f"/api/v1/nodes/{name}/status",
-            body={"status": {"capacity": dict(resources), "allocatable": dict(resources)}},
+            body={"status": dict(status)},
             content_type="application/merge-patch+json",
         )
 
@@ -342,7 +338,7 @@ class GpuCluster:
         node.kubelet.stop()
         del self.nodes[name]
         with contextlib.suppress(NotFound):
-            self.admin._open("DELETE", f"/api/v1/nodes/{name}")
+            self.admin.request("DELETE", f"/api/v1/nodes/{name}")
 
     # -- pods ---------------------------------------------------------------------------------------
 
@@ -351,7 +347,7 @@ class GpuCluster:
 
     def create_pod(self, pod: Pod) -> Pod:
         ns = pod["metadata"].setdefault("namespace", "default")
-        return self.admin._json("POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
+        return self.admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
 
     def pods(self, namespace: str) -> list[Pod]:
         return [p for p in self.admin.list_pods().items if p["metadata"]["namespace"] == namespace]

@@ -71,6 +71,6 @@ def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
     for node in list(gpu_cluster.nodes):
         gpu_cluster.remove_node(node)
     for pod in gpu_cluster.pods(name):
-        gpu_cluster.admin._open(
+        gpu_cluster.admin.request(
             "DELETE", f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", query={"gracePeriodSeconds": 0}
         )

@@ -28,7 +28,7 @@ def _assignment(cluster: GpuCluster, ns: str, name: str):
 
 
 def _events_for(cluster: GpuCluster, ns: str, pod: str) -> list[dict]:
-    events = cluster.admin._json("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    events = cluster.admin.request("GET", f"/api/v1/namespaces/{ns}/events")["items"]
     return [e for e in events if e["involvedObject"].get("name") == pod]
 
 

@@ -27,7 +27,7 @@ def admin(control_plane: ControlPlane) -> ApiServerClient:
 
 
 def _create(client: ApiServerClient, pod: dict) -> dict:
-    return client._json("POST", f"/api/v1/namespaces/{NS}/pods", body=pod)
+    return client.request("POST", f"/api/v1/namespaces/{NS}/pods", body=pod)
 
 
 def test_list_is_paginated_and_complete(admin: ApiServerClient) -> None:
@@ -71,7 +71,7 @@ def test_event_and_node_patches(admin: ApiServerClient, control_plane: ControlPl
     assert node["status"]["capacity"]["nvidia.com/gpu-count"] == "2"
     pod = _create(admin, _pod("event-pod"))
     admin.create_event(pod, "GpuShareTest", "assigned GPU 1 (8 of 16 GiB) on ev-n")
-    events = admin._json("GET", f"/api/v1/namespaces/{NS}/events")["items"]
+    events = admin.request("GET", f"/api/v1/namespaces/{NS}/events")["items"]
     assert any(e["reason"] == "GpuShareTest" and e["involvedObject"]["name"] == "event-pod" for e in events)
 
 
@@ -91,7 +91,7 @@ def test_watch_sees_changes(admin: ApiServerClient) -> None:
     t.start()
     _create(admin, _pod("watched"))
     admin.patch_pod_annotations(NS, "watched", {"a": "b"})
-    admin._open("DELETE", f"/api/v1/namespaces/{NS}/pods/watched")
+    admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/watched")
     assert done.wait(15), seen
     assert [s[0] for s in seen][:2] == ["ADDED", "MODIFIED"]
 

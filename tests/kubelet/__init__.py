@@ -359,7 +359,7 @@ def set_pod_phase(kube: Any, namespace: str, name: str, phase: str) -> None:
     if hasattr(kube, "set_pod_phase"):
         kube.set_pod_phase(namespace, name, phase)
         return
-    kube._json(  # ApiServerClient: KubeClient has no status write, and only kubelet needs one
+    kube.request(  # ApiServerClient: KubeClient has no status write, and only kubelet needs one
         "PATCH",
         f"/api/v1/namespaces/{namespace}/pods/{name}/status",
         body={"status": {"phase": phase}},
