@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the upstream binaries the integration tests run against a real control plane:
-# kube-apiserver, kube-scheduler, kubectl, etcd and helm, from Go modules (the Go module
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kubectl, etcd and helm, from Go modules (the Go module
 # proxy is the only upstream source this project may reach). Nothing is written into the
 # repository: binaries land in ${GPUSHARE_CACHE:-$HOME/.cache/gpushare}/bin/<stamp>/.
 #
@@ -13,7 +13,7 @@ K8S_VERSION="v1.36.3"      # k8s.io/kubernetes; staging modules are k8s.io/* v0.
 ETCD_VERSION="v3.6.16"     # go.etcd.io/etcd/server/v3 (its root package is the etcd main)
 HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm
 # Bump when the build recipe (flags, ldflags) changes: a warm cache of the old recipe is rebuilt.
-RECIPE=2
+RECIPE=3
 # ---------------------------------------------------------------------------------------
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
@@ -27,7 +27,7 @@ STAMP="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}"
 BIN_DIR="${CACHE}/bin/${STAMP}"
 STAMP_FILE="${BIN_DIR}/.stamp"
-BINARIES=(kube-apiserver kube-scheduler kubectl etcd helm)
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd helm)
 STAMP_TEXT="${STAMP} recipe=${RECIPE} $("$GO" env GOVERSION) CGO_ENABLED=0"
 
 is_warm() {
@@ -100,13 +100,15 @@ build_k8s() {
             ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000"
             ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${date}"
         done
-        log "kubernetes: building kube-apiserver kube-scheduler kubectl (slow on few cores)"
+        log "kubernetes: building kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl (slow on few cores)"
         "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "-s -w${ldflags}" -o "$BIN_DIR/" \
             k8s.io/kubernetes/cmd/kube-apiserver \
             k8s.io/kubernetes/cmd/kube-scheduler \
+            k8s.io/kubernetes/cmd/kube-controller-manager \
+            k8s.io/kubernetes/cmd/kubelet \
             k8s.io/kubernetes/cmd/kubectl
     )
-    TIMES+=("kube-apiserver+kube-scheduler+kubectl: $((SECONDS - start))s")
+    TIMES+=("kube-apiserver+kube-scheduler+kube-controller-manager+kubelet+kubectl: $((SECONDS - start))s")
 }
 
 build_etcd() {

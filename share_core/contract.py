@@ -55,6 +55,10 @@ ENV_MPS_PINNED_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 EXTENDER_PREFIX = "/gpushare-scheduler"
 EXTENDER_DEFAULT_PORT = 12345
 
+# Event reasons the device plugin records on a pod (kubectl describe pod shows them).
+EVENT_ALLOCATE_REFUSED = "GpuShareAllocateRefused"  # a pod gpushare cannot serve asked for gpu-mem
+EVENT_RUNS_WITHOUT_GPU = "GpuShareRunsWithoutGpu"  # admitted by kubelet without our Allocate
+
 # Pod phases whose containers are gone: their memory is free again.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

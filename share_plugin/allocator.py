@@ -3,6 +3,9 @@
 Nothing is written before the answer is known: the only write is `gpushare.io/assigned: "true"` after
 the pod's last container, made with the resourceVersion we read (re-read and re-checked on Conflict).
 If that write fails, Allocate fails: kubelet rejects the pod and no annotation claims it was served.
+
+Besides answering, it tells people what it sees: an Event on a pod gpushare cannot serve that asked for
+gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet started without Allocate.
 """
 
 from __future__ import annotations
@@ -12,11 +15,19 @@ import threading
 from typing import Protocol
 
 from share_core.assignment import parse_assignment, pod_annotations
-from share_core.contract import ANN_ASSIGNED, RESOURCE_MEM, MemoryUnit
+from share_core.contract import ANN_ASSIGNED, EVENT_ALLOCATE_REFUSED, EVENT_RUNS_WITHOUT_GPU, RESOURCE_MEM, MemoryUnit
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound
 from share_core.request import InvalidRequest
 from share_plugin.backend import GpuBackend
-from share_plugin.matcher import AllocationError, Match, PodResourcesView, container_env, match_allocation
+from share_plugin.matcher import (
+    AllocationError,
+    Match,
+    Pod,
+    PodResourcesView,
+    container_env,
+    match_allocation,
+    runs_without_gpu,
+)
 from share_plugin.podresources import PodResourcesUnavailable
 
 log = logging.getLogger(__name__)
@@ -47,7 +58,10 @@ class Allocator:
         self.mps = mps
         self.conflict_retries = conflict_retries
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
-        self._served: set[tuple[str, str]] = set()  # (pod uid, container): only used without PodResources
+        # (pod uid, container) served since start: regular init containers are invisible in PodResources.
+        self._served: set[tuple[str, str]] = set()
+        self._reported: set[tuple[str, str]] = set()  # (pod uid, event reason) already told, once each
+        self._tell_lock = threading.Lock()  # audit runs beside Allocate
 
     def _view(self) -> PodResourcesView | None:
         if self.pod_resources is None:
@@ -69,9 +83,16 @@ class Allocator:
                     f"container asking {len(device_ids)} {RESOURCE_MEM} cannot be matched to its pod: {exc}"
                 ) from exc
             view = self._view()
-            match = match_allocation(
-                self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
-            )
+            live = {(p.get("metadata") or {}).get("uid") for p in pods}
+            self._served = {s for s in self._served if s[0] in live}  # forget pods that are gone
+            try:
+                match = match_allocation(
+                    self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
+                )
+            except AllocationError as exc:
+                for pod in exc.implicated:
+                    self._tell(pod, EVENT_ALLOCATE_REFUSED, str(exc))
+                raise
             env = container_env(match, self.unit, self.device_id_strategy, self.mps)
             if match.last and not match.assignment.assigned:
                 self._mark_assigned(match)
@@ -91,6 +112,49 @@ class Allocator:
                 f"; WARNING GPU {unhealthy} is unhealthy" if unhealthy else "",
             )
             return env
+
+    def audit(self) -> int:
+        """Find pods kubelet started without our Allocate; log and record an Event once per pod.
+
+        Returns how many such pods run now. Quiet when the API server or PodResources cannot be read:
+        this is a report, not a decision.
+        """
+        if self.pod_resources is None:
+            return 0
+        try:
+            pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
+            view = self.pod_resources.list()
+        except (KubeError, PodResourcesUnavailable) as exc:
+            log.debug("node %s: audit skipped: %s", self.node, exc)
+            return 0
+        found = runs_without_gpu(pods, view)
+        live = {str((p.get("metadata") or {}).get("uid")) for p in pods}
+        with self._tell_lock:
+            self._reported = {r for r in self._reported if r[0] in live or "/" in r[0]}
+        for item in found:
+            self._tell(item.pod, EVENT_RUNS_WITHOUT_GPU, item.message(self.node))
+        return len(found)
+
+    def _tell(self, pod: Pod, reason: str, message: str) -> None:
+        """Log and record a Warning Event on the pod, once per pod and reason; never fails the caller."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"), reason)
+        with self._tell_lock:
+            if key in self._reported:
+                return
+            self._reported.add(key)
+        log.warning("node %s: %s: %s", self.node, reason, message)
+        try:
+            self.kube.create_event(pod, reason, message, "Warning")
+        except KubeError as exc:
+            log.warning(
+                "node %s: cannot record event %s on pod %s/%s: %s",
+                self.node,
+                reason,
+                meta.get("namespace"),
+                meta.get("name"),
+                exc,
+            )
 
     def _mark_assigned(self, match: Match) -> None:
         """Patch `assigned: "true"` against the version we matched; on Conflict re-read and re-check."""

@@ -1,21 +1,30 @@
 """Which pod and container an Allocate call is for: a pure function of what kubelet and the API server say.
 
-kubelet's Allocate carries only N fake device IDs, no pod identity. Upstream kubelet
-(pkg/kubelet/cm/devicemanager/manager.go, allocateContainerResources) calls the plugin's Allocate first
-and records the container's devices in podDevices (what PodResources List reports) only after Allocate
-returns. So during Allocate, PodResources does NOT yet know the requested IDs for the container being
-served; it does know:
+kubelet's Allocate carries only N fake device IDs, no pod identity. What upstream kubelet v1.36 makes true
+during an Allocate (k8s.io/kubernetes pkg/kubelet):
 
-* every pod kubelet has admitted or is admitting (kubelet adds a pod to its pod manager before admission,
-  and admits one pod at a time, calling Allocate for its init containers, then its app containers), and
-* which of their containers already hold devices of our resource.
+* kubelet admits one pod at a time (kubelet.go HandlePodAdditions): the pod joins the pod manager, so
+  PodResources List shows it (apis/podresources/server_v1.go, active pods only from 1.34), then the admit
+  handlers run, device allocation first (GetAllocateResourcesPodAdmitHandler), one Allocate per container
+  that asks for devices, init containers first, then app containers (topologymanager scope_container.go).
+* a container's devices are recorded, and so listed by PodResources, only after Allocate returns
+  (cm/devicemanager/manager.go allocateContainerResources), and before the container is created.
+* PodResources never lists regular (non-restartable) init containers, only sidecars and app containers
+  (server_v1.go List). Whether a regular init container was served is known from this plugin's memory,
+  from a later container of the pod holding devices (kubelet serves them in order), or from its status.
+* a later admit handler (the predicate handler: OutOfcpu, node affinity...) may reject a pod after it was
+  allocated; it is then Failed and no longer active, so it is neither listed nor counted.
+* a pod can run without any Allocate (kubelet restarted, resource not yet registered: predicate.go
+  removeMissingExtendedResources); kubelet may Allocate for it later from the pod worker when a container
+  starts (manager.go GetDeviceRunContainerOptions). Such a pod is seen here as a started container that
+  holds no devices: it is reported (`runs_without_gpu`) and never counted as pending.
 
-So the pod being admitted is the one PodResources lists with a container that asks for gpu-mem but holds
-none yet, and the container is the first such in kubelet's order. Device IDs still identify the pod when
-they are known: an app container reuses its init containers' devices, and a kubelet that records before
-calling would list them. Only when PodResources is unreachable do we fall back to the request size and
-assume-time order, and then only when every candidate would get the same answer. Anything else fails
-with an error naming the node, the size asked and the candidates seen: a GPU is never handed out blindly.
+So the pod being admitted is the listed pod with a container that asks gpu-mem and is not yet served, and
+the container is the first such in kubelet's order. If a pod that gpushare cannot serve (another
+scheduler's pod, a static pod, garbage annotations) could be the one, nothing is served. Without
+PodResources we fall back to the request size and assume-time order, only when no other pod bound to the
+node could be the one. Anything else fails with an error naming the node, the size asked and the
+candidates seen: a GPU is never handed out blindly.
 """
 
 from __future__ import annotations
@@ -47,10 +56,19 @@ Pod = Mapping[str, Any]
 PodRef = tuple[str, str]  # (namespace, name)
 # PodResources as seen by the plugin: every pod kubelet lists -> container -> our resource's device IDs.
 PodResourcesView = Mapping[PodRef, Mapping[str, frozenset[str]]]
+Served = frozenset[tuple[str, str]]  # (pod uid, container) this plugin answered since it started
 
 
 class AllocationError(Exception):
-    """Allocate cannot be answered; the message is what kubelet shows on the pod."""
+    """Allocate cannot be answered; the message is what kubelet shows on the pod.
+
+    `implicated` holds pods gpushare cannot serve that made the answer impossible (another scheduler's
+    pod asking the same size, say): the caller tells them so with an Event.
+    """
+
+    def __init__(self, message: str, implicated: Sequence[Pod] = ()) -> None:
+        super().__init__(message)
+        self.implicated = tuple(implicated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +91,69 @@ class Match:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(frozen=True, slots=True)
+class RunsWithoutGpu:
+    """A pod whose containers started without Allocate: kubelet admitted it while our resource was unknown."""
+
+    pod: Pod
+    containers: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        return pod_key(self.pod)
+
+    def message(self, node: str) -> str:
+        return (
+            f"pod {self.key} on node {node}: container(s) {', '.join(self.containers)} ask {RESOURCE_MEM} but "
+            f"started without the gpushare device plugin's Allocate (kubelet admitted the pod before the plugin "
+            f"registered, e.g. right after a kubelet restart), so they have no GPU env and no GPU limit; "
+            f"delete the pod so that it is created and admitted again"
+        )
+
+
+def reported_by_pod_resources(ct: ContainerRequest) -> bool:
+    """PodResources List reports app containers and sidecars, never regular init containers (server_v1.go)."""
+    return not ct.init or ct.sidecar
+
+
+def container_started(pod: Pod, name: str) -> bool:
+    """The pod's status says the container ran (or runs): kubelet had finished allocating for it."""
+    status = pod.get("status") or {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            if not isinstance(cs, Mapping) or cs.get("name") != name:
+                continue
+            state, last = cs.get("state") or {}, cs.get("lastState") or {}
+            if "running" in state or "terminated" in state or "terminated" in last or cs.get("restartCount"):
+                return True
+    return False
+
+
 @dataclass(slots=True)
 class _Candidate:
     pod: Pod
     ref: PodRef
+    uid: str
     key: str
-    containers: tuple[ContainerRequest, ...] = ()
+    containers: tuple[ContainerRequest, ...] = ()  # those asking our resource, in kubelet's order
     assignment: Assignment | None = None
     problem: str = ""
     pending: list[ContainerRequest] = field(default_factory=list)
+    without_gpu: tuple[str, ...] = ()  # started containers holding no devices
 
     def describe(self) -> str:
         if self.problem:
             return f"{self.key} ({self.problem})"
+        if self.without_gpu:
+            return f"{self.key} (started without Allocate: {', '.join(self.without_gpu)})"
         if not self.pending:
             return f"{self.key} (every container served)"
         nxt = self.pending[0]
         return f"{self.key} (next container {nxt.name!r} asks {nxt.units})"
+
+    def could_take(self, size: int) -> bool:
+        """Some container not yet served asks `size`: kubelet might be allocating it now."""
+        return any(ct.units == size for ct in self.pending)
 
 
 def _ref(pod: Pod) -> PodRef:
@@ -101,9 +165,10 @@ def _candidates(pods: Sequence[Pod]) -> list[_Candidate]:
     """Live pods asking for gpu-mem, with their parsed request and assignment (or the problem)."""
     out = []
     for pod in pods:
-        if pod_is_finished(pod) or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        meta = pod.get("metadata") or {}
+        if pod_is_finished(pod) or meta.get("deletionTimestamp"):
             continue
-        cand = _Candidate(pod, _ref(pod), pod_key(pod))
+        cand = _Candidate(pod, _ref(pod), str(meta.get("uid") or ""), pod_key(pod))
         try:
             request = pod_request(pod)
         except InvalidRequest as exc:
@@ -112,15 +177,45 @@ def _candidates(pods: Sequence[Pod]) -> list[_Candidate]:
             continue
         if request is None:
             continue
-        cand.containers = request.containers
+        cand.containers = tuple(ct for ct in request.containers if ct.units > 0)
         try:
             cand.assignment = parse_assignment(pod_annotations(pod))
         except InvalidRequest as exc:
             cand.problem = f"bad assignment: {exc}"
         if cand.assignment is None and not cand.problem:
-            cand.problem = "no gpushare assignment: was it scheduled by gpushare-scheduler?"
+            scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+            cand.problem = f"no gpushare assignment: scheduled by {scheduler!r}, not by gpushare-scheduler"
         out.append(cand)
     return out
+
+
+def _progress_with_view(c: _Candidate, held: Mapping[str, frozenset[str]], served: Served) -> None:
+    """Which of the pod's containers kubelet still has to allocate, and which run without devices."""
+    pending, without = [], []
+    for pos, ct in enumerate(c.containers):
+        started = container_started(c.pod, ct.name)
+        if reported_by_pod_resources(ct):
+            done = bool(held.get(ct.name))
+            if not done and started:
+                without.append(ct.name)
+                done = True
+        else:  # a regular init container: PodResources never shows its devices
+            later_held = any(reported_by_pod_resources(x) and held.get(x.name) for x in c.containers[pos + 1 :])
+            done = (c.uid, ct.name) in served or later_held or started
+        if not done:
+            pending.append(ct)
+    c.pending, c.without_gpu = pending, tuple(without)
+
+
+def _progress_without_view(c: _Candidate, served: Served) -> None:
+    """Without PodResources: this plugin's memory and the pod's status are all there is."""
+    started = [ct.name for ct in c.containers if container_started(c.pod, ct.name)]
+    c.pending = [ct for ct in c.containers if (c.uid, ct.name) not in served and ct.name not in started]
+    if started and c.pending:
+        # Containers ran yet some were never served here: admitted before we registered, or served by a
+        # plugin that has since restarted. Either way it is not being admitted now.
+        c.without_gpu = tuple(n for n in started if (c.uid, n) not in served)
+        c.pending = []
 
 
 def _equivalent(cands: Sequence[_Candidate]) -> bool:
@@ -130,9 +225,25 @@ def _equivalent(cands: Sequence[_Candidate]) -> bool:
 
     def shape(c: _Candidate) -> tuple[Any, ...]:
         assert c.assignment is not None
-        return (c.assignment.gpu_indices, c.assignment.gpu_uuids, c.assignment.total, [p.units for p in c.pending])
+        return (
+            c.assignment.gpu_indices,
+            c.assignment.gpu_uuids,
+            c.assignment.total,
+            [(p.units, reported_by_pod_resources(p)) for p in c.pending],
+        )
 
     return all(not c.problem and shape(c) == shape(first) for c in cands)
+
+
+def runs_without_gpu(pods: Sequence[Pod], view: PodResourcesView) -> list[RunsWithoutGpu]:
+    """Pods kubelet lists whose gpu-mem containers started holding none of our devices."""
+    out = []
+    for c in _candidates(pods):
+        if c.ref in view:
+            _progress_with_view(c, view[c.ref], frozenset())
+            if c.without_gpu:
+                out.append(RunsWithoutGpu(c.pod, c.without_gpu))
+    return out
 
 
 def match_allocation(
@@ -142,45 +253,38 @@ def match_allocation(
     gpus: Sequence[Gpu],
     unit: MemoryUnit,
     view: PodResourcesView | None,
-    served: frozenset[tuple[str, str]] = frozenset(),
+    served: Served = frozenset(),
 ) -> Match:
     """The pod/container this Allocate serves; raises AllocationError naming node, size and candidates.
 
     `view` is PodResources (None when kubelet's PodResources API is unreachable); `served` holds
-    (pod uid, container) pairs this plugin served since it started, used only without `view`.
+    (pod uid, container) pairs this plugin served since it started.
     """
     size = len(device_ids)
     asked = set(device_ids)
     cands = _candidates(pods)
     for c in cands:
-        if c.problem:
-            continue
-        uid = (c.pod.get("metadata") or {}).get("uid", "")
         if view is not None:
-            held = view.get(c.ref, {})
-            c.pending = [ct for ct in c.containers if ct.units > 0 and not held.get(ct.name)]
+            _progress_with_view(c, view.get(c.ref, {}), served)
         else:
-            c.pending = [ct for ct in c.containers if ct.units > 0 and (uid, ct.name) not in served]
+            _progress_without_view(c, served)
 
     how = ""
     chosen: _Candidate | None = None
     container: ContainerRequest | None = None
     if view is not None:
-        # 1. The device IDs name the pod when kubelet already records them (init-container reuse).
+        # 1. The device IDs name the pod when kubelet already records them for one of its containers.
         holders = [c for c in cands if any(ids & asked for ids in view.get(c.ref, {}).values())]
         if len(holders) == 1:
             h = holders[0]
             if h.problem:
                 raise AllocationError(
-                    f"node {node}: pod {h.describe()} holds the requested devices but cannot be served"
+                    f"node {node}: pod {h.describe()} holds the requested devices but cannot be served", [h.pod]
                 )
-            if h.pending:
-                chosen, container, how = h, h.pending[0], "device IDs already held by the pod (PodResources)"
-            else:
-                held = view.get(h.ref, {})
-                exact = [ct for ct in h.containers if held.get(ct.name) == frozenset(asked)]
-                if exact:
-                    chosen, container, how = h, exact[0], "device IDs recorded for the container (PodResources)"
+            held = view.get(h.ref, {})
+            exact = [ct for ct in h.containers if held.get(ct.name) == frozenset(asked)]
+            if exact:
+                chosen, container, how = h, exact[0], "device IDs recorded for the container (PodResources)"
         elif len(holders) > 1:
             raise AllocationError(
                 f"node {node}: the {size} requested {RESOURCE_MEM} devices are held by several pods "
@@ -188,26 +292,28 @@ def match_allocation(
             )
         if chosen is None:
             # 2. The pod kubelet is admitting: listed by PodResources with a container not yet served.
-            admitting = [c for c in cands if c.ref in view and (c.pending or c.problem)]
+            listed = [c for c in cands if c.ref in view and not c.without_gpu]
+            admitting = [c for c in listed if c.pending or c.problem]
+            rivals = [c for c in admitting if c.problem and (c.could_take(size) or not c.containers)]
             fits = [c for c in admitting if not c.problem and c.pending[0].units == size]
-            if len(fits) == 1 or (len(fits) > 1 and _equivalent(fits)):
-                chosen = min(fits, key=lambda c: c.assignment.assume_time_ns if c.assignment else 0)
-                container = chosen.pending[0]
-                how = "the pod kubelet is admitting (PodResources)"
-                if len(fits) > 1:
-                    how += f", one of {len(fits)} identical candidates"
-            else:
-                _fail(node, size, admitting, fits, "pods kubelet is admitting (PodResources)")
+            broken = [c for c in cands if c.ref in view and c.without_gpu]  # named in a refusal, never served
+            what = "pods kubelet is admitting"
+            chosen, container, how = _pick(node, size, admitting + broken, fits, rivals, what)
+            how += " (PodResources)"
     else:
-        # 3. No PodResources: request size and assume time, only when the answer is unambiguous.
-        open_ = [c for c in cands if c.problem or (c.assignment and not c.assignment.assigned and c.pending)]
+        # 3. No PodResources: request size and assume time, only when no other pod could be the one.
+        open_ = [
+            c
+            for c in cands
+            if c.problem or (c.assignment and not c.assignment.assigned and c.pending and not c.without_gpu)
+        ]
+        rivals = [c for c in open_ if c.problem and _could_be_admitting(c, size)]
         fits = [c for c in open_ if not c.problem and c.pending[0].units == size]
-        if len(fits) == 1 or (len(fits) > 1 and _equivalent(fits)):
-            chosen = min(fits, key=lambda c: c.assignment.assume_time_ns if c.assignment else 0)
-            container = chosen.pending[0]
-            how = "request size and assume time (PodResources unavailable)"
-        else:
-            _fail(node, size, open_, fits, "unassigned pods bound to the node (PodResources unavailable)")
+        others = [c for c in open_ if not c.problem and c not in fits and c.could_take(size)]
+        if others:
+            _fail(node, size, open_, [*fits, *others], [], "unassigned pods bound to the node")
+        chosen, container, how = _pick(node, size, open_, fits, rivals, "unassigned pods bound to the node")
+        how = "request size and assume time (PodResources unavailable): " + how
 
     assert chosen is not None and container is not None and chosen.assignment is not None
     if container.units != size:
@@ -222,7 +328,7 @@ def match_allocation(
     return Match(
         namespace=chosen.ref[0],
         name=chosen.ref[1],
-        uid=meta.get("uid", ""),
+        uid=chosen.uid,
         resource_version=meta.get("resourceVersion", ""),
         container=container,
         assignment=chosen.assignment,
@@ -233,8 +339,44 @@ def match_allocation(
     )
 
 
-def _fail(node: str, size: int, seen: list[_Candidate], fits: list[_Candidate], what: str) -> None:
+def _could_be_admitting(c: _Candidate, size: int) -> bool:
+    """A pod gpushare cannot serve, bound here, that kubelet may be admitting with a container of `size`."""
+    status = c.pod.get("status") or {}
+    if status.get("phase") not in (None, "", "Pending"):
+        return False
+    if c.containers:
+        return any(ct.units == size and not container_started(c.pod, ct.name) for ct in c.containers)
+    return True  # a request we could not even parse: it may ask anything
+
+
+def _pick(
+    node: str, size: int, seen: list[_Candidate], fits: list[_Candidate], rivals: list[_Candidate], what: str
+) -> tuple[_Candidate, ContainerRequest, str]:
+    """The one pod to serve, or AllocationError; `rivals` are unservable pods that could be the one."""
+    if rivals:
+        _fail(node, size, seen, fits, rivals, what)
+    if len(fits) == 1 or (len(fits) > 1 and _equivalent(fits)):
+        chosen = min(fits, key=lambda c: c.assignment.assume_time_ns if c.assignment else 0)
+        how = "the pod kubelet is admitting"
+        if len(fits) > 1:
+            how += f", one of {len(fits)} identical candidates"
+        return chosen, chosen.pending[0], how
+    _fail(node, size, seen, fits, rivals, what)
+    raise AssertionError("unreachable")
+
+
+def _fail(
+    node: str, size: int, seen: list[_Candidate], fits: list[_Candidate], rivals: list[_Candidate], what: str
+) -> None:
     listing = "; ".join(c.describe() for c in seen) or "none"
+    if rivals:
+        names = ", ".join(c.describe() for c in rivals)
+        raise AllocationError(
+            f"node {node}: refusing a container asking {size} {RESOURCE_MEM}: it may belong to {names}, which "
+            f"gpushare cannot serve (a pod must be scheduled by gpushare-scheduler to get a shared GPU); "
+            f"serving anyone else could give a container the wrong GPU. {what}: {listing}",
+            [c.pod for c in rivals],
+        )
     if len(fits) > 1:
         raise AllocationError(
             f"node {node}: {len(fits)} pods could take a container asking {size} {RESOURCE_MEM} and they are "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from share_plugin.api import podresources_v1_pb2 as prpb
@@ -29,10 +31,13 @@ def view_from_response(resp: prpb.ListPodResourcesResponse, resource: str) -> Po
 
 
 class PodResourcesClient:
-    def __init__(self, socket_path: str, resource: str, timeout: float = 5.0) -> None:
+    def __init__(self, socket_path: str, resource: str, timeout: float = 5.0, busy_retries: int = 3) -> None:
         self.socket_path = socket_path
         self.resource = resource
         self.timeout = timeout
+        # kubelet rate-limits this socket (apis/podresources/grpc/ratelimit.go: 100 qps, burst 10) and
+        # answers ResourceExhausted when other clients use it up: wait a moment rather than go blind.
+        self.busy_retries = busy_retries
         self._channel: grpc.Channel | None = None
 
     def _stub(self) -> prgrpc.PodResourcesListerStub:
@@ -43,12 +48,19 @@ class PodResourcesClient:
         return prgrpc.PodResourcesListerStub(self._channel)
 
     def list(self) -> PodResourcesView:
-        try:
-            resp = self._stub().List(prpb.ListPodResourcesRequest(), timeout=self.timeout)
-        except grpc.RpcError as exc:
-            self.close()  # a restarted kubelet recreates the socket: dial afresh next time
-            raise PodResourcesUnavailable(f"PodResources List on {self.socket_path} failed: {exc.details()}") from exc
-        return view_from_response(resp, self.resource)
+        for attempt in range(self.busy_retries + 1):
+            try:
+                resp = self._stub().List(prpb.ListPodResourcesRequest(), timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt < self.busy_retries:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                self.close()  # a restarted kubelet recreates the socket: dial afresh next time
+                raise PodResourcesUnavailable(
+                    f"PodResources List on {self.socket_path} failed ({exc.code().name}): {exc.details()}"
+                ) from exc
+            return view_from_response(resp, self.resource)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._channel is not None:

@@ -43,6 +43,7 @@ class PluginConfig:
     health_check: bool = True
     resource: str = RESOURCE_MEM
     watch_interval: float = 0.2  # seconds between looks at kubelet.sock and our socket
+    audit_interval: float = 15.0  # seconds between looks for pods kubelet started without our Allocate
 
     @property
     def socket_path(self) -> str:
@@ -251,6 +252,19 @@ class DevicePlugin:
                 )
                 self._serve_and_register()
 
+    def _audit(self) -> None:
+        """Report pods kubelet started without Allocate: soon after each registration, then periodically."""
+        seen_registrations = -1
+        while not self.stopping.is_set():
+            if self.registrations != seen_registrations and self.registered.is_set():
+                seen_registrations = self.registrations
+                self.stopping.wait(2.0)  # kubelet starts the pods it admitted meanwhile: look after that
+            try:
+                self.allocator.audit()
+            except Exception:
+                log.exception("node %s: audit of running pods failed", self.config.node)
+            self.stopping.wait(self.config.audit_interval)
+
     def start(self) -> None:
         """Serve, register (blocking until kubelet answers or stop), start health and restart watchers."""
         if self.publisher:
@@ -269,6 +283,10 @@ class DevicePlugin:
         t = threading.Thread(target=self._watch_kubelet, name="kubelet-watch", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.config.audit_interval > 0:
+            t = threading.Thread(target=self._audit, name="audit", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
         """Stop serving and remove our socket, so kubelet sees the plugin gone."""

@@ -14,7 +14,7 @@ from share_plugin.backend import Gpu
 from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
 from share_plugin.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
 from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
-from share_plugin.matcher import AllocationError, container_env, match_allocation
+from share_plugin.matcher import AllocationError, container_env, match_allocation, runs_without_gpu
 from share_plugin.publisher import Publisher
 from tests.unit.plugin.simnode import NODE, assign, make_pod
 
@@ -44,14 +44,114 @@ def test_served_containers_come_from_pod_resources():
     assert m.container.name == "b" and m.last
 
 
-def test_device_ids_already_held_identify_the_pod():
+def test_device_ids_recorded_for_a_container_identify_it():
     a = pod("a", [("m", 2)], 0, 1)
     b = pod("b", [("m", 2)], 1, 2)
-    b["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu-mem": "2"}}}]
-    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"i": frozenset(ids(2)), "m": frozenset()}}
+    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"m": frozenset(ids(2))}}
     m = match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
     assert (m.name, m.container.name) == ("b", "m")
     assert "device IDs" in m.how
+
+
+def running(p: dict, *names: str) -> dict:
+    p["status"] = {"phase": "Running", "containerStatuses": [{"name": n, "state": {"running": {}}} for n in names]}
+    return p
+
+
+def test_regular_init_container_is_served_first_though_pod_resources_never_lists_it():
+    """server_v1.go List skips regular init containers: progress comes from our memory of serving it."""
+    p = pod("p", [("m", 3)], 1, 1, init=[("i", 2)])
+    view = {("default", "p"): {"m": frozenset()}}  # what kubelet lists: no "i"
+    first = match_allocation(NODE, ids(2), [p], GPUS, MemoryUnit.GiB, view)
+    assert (first.container.name, first.last) == ("i", False)
+    second = match_allocation(NODE, ids(3), [p], GPUS, MemoryUnit.GiB, view, frozenset({("uid-p", "i")}))
+    assert (second.container.name, second.last) == ("m", True)
+
+
+def test_equal_init_and_app_sizes_serve_both_and_mark_the_pod_assigned_after_the_app():
+    p = pod("p", [("m", 2)], 1, 1, init=[("i", 2)])
+    view = {("default", "p"): {"m": frozenset()}}
+    first = match_allocation(NODE, ids(2), [p], GPUS, MemoryUnit.GiB, view)
+    second = match_allocation(NODE, ids(2), [p], GPUS, MemoryUnit.GiB, view, frozenset({("uid-p", "i")}))
+    assert [(x.container.name, x.last) for x in (first, second)] == [("i", False), ("m", True)]
+    # once kubelet records the app container's devices, the pod is no longer a candidate
+    view = {("default", "p"): {"m": frozenset(ids(2))}}
+    q = pod("q", [("m", 2)], 0, 2)
+    view[("default", "q")] = {"m": frozenset()}
+    assert match_allocation(NODE, ids(2, start=4), [p, q], GPUS, MemoryUnit.GiB, view).name == "q"
+
+
+def test_init_container_known_served_when_a_later_container_holds_devices():
+    p = pod("p", [("m1", 2), ("m2", 3)], 1, 1, init=[("i", 2)])
+    view = {("default", "p"): {"m1": frozenset(ids(2)), "m2": frozenset()}}  # plugin restarted meanwhile
+    m = match_allocation(NODE, ids(3, start=5), [p], GPUS, MemoryUnit.GiB, view)
+    assert (m.container.name, m.last) == ("m2", True)
+
+
+def test_sidecar_is_listed_and_keeps_its_own_devices():
+    p = pod("p", [("m", 3)], 0, 1, sidecars=[("s", 1)])
+    view = {("default", "p"): {"s": frozenset(), "m": frozenset()}}
+    assert match_allocation(NODE, ids(1), [p], GPUS, MemoryUnit.GiB, view).container.name == "s"
+    view = {("default", "p"): {"s": frozenset(ids(1)), "m": frozenset()}}
+    m = match_allocation(NODE, ids(3, start=1), [p], GPUS, MemoryUnit.GiB, view)
+    assert (m.container.name, m.last) == ("m", True)
+
+
+def test_pod_of_another_scheduler_is_refused_and_named_never_served_a_gpushare_gpu():
+    ours = pod("ours", [("m", 2)], 0, 1)
+    other = make_pod("other", [("m", 2)])
+    other["spec"]["schedulerName"] = "default-scheduler"
+    view = {("default", "ours"): {"m": frozenset()}, ("default", "other"): {"m": frozenset()}}
+    with pytest.raises(AllocationError, match="gpushare cannot serve") as err:
+        match_allocation(NODE, ids(2), [ours, other], GPUS, MemoryUnit.GiB, view)
+    assert "default/other" in str(err.value) and "default-scheduler" in str(err.value)
+    assert [p["metadata"]["name"] for p in err.value.implicated] == ["other"]
+    # alone, it is refused too, with the same clear reason
+    with pytest.raises(AllocationError, match="gpushare cannot serve"):
+        match_allocation(NODE, ids(2), [other], GPUS, MemoryUnit.GiB, {("default", "other"): {"m": frozenset()}})
+    # a different size cannot be it
+    m = match_allocation(NODE, ids(2), [ours, make_pod("x", [("m", 5)])], GPUS, MemoryUnit.GiB, view)
+    assert m.name == "ours"
+
+
+def test_without_pod_resources_another_schedulers_pod_of_that_size_blocks_serving():
+    ours = pod("ours", [("m", 2)], 0, 1)
+    other = make_pod("other", [("m", 2)])
+    other["spec"]["schedulerName"] = "default-scheduler"
+    with pytest.raises(AllocationError, match="gpushare cannot serve") as err:
+        match_allocation(NODE, ids(2), [ours, other], GPUS, MemoryUnit.GiB, None)
+    assert err.value.implicated
+    # once it runs it was admitted already: it cannot be the pod kubelet is admitting now
+    running(other, "m")
+    assert match_allocation(NODE, ids(2), [ours, other], GPUS, MemoryUnit.GiB, None).name == "ours"
+
+
+def test_without_pod_resources_any_other_pending_container_of_that_size_blocks_serving():
+    a = pod("a", [("m", 2)], 0, 1)
+    b = pod("b", [("m", 3)], 1, 2, init=[("i", 2)])  # b's init container also asks 2
+    with pytest.raises(AllocationError, match="assigned different GPUs"):
+        match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, None)
+
+
+def test_pod_started_without_allocate_is_reported_and_never_pending():
+    broken = running(pod("broken", [("m", 2)], 1, 1), "m")
+    fresh = pod("fresh", [("m", 2)], 0, 2)
+    view = {("default", "broken"): {"m": frozenset()}, ("default", "fresh"): {"m": frozenset()}}
+    found = runs_without_gpu([broken, fresh], view)
+    assert [(f.key, f.containers) for f in found] == [("default/broken", ("m",))]
+    assert "delete the pod" in found[0].message(NODE)
+    assert match_allocation(NODE, ids(2), [broken, fresh], GPUS, MemoryUnit.GiB, view).name == "fresh"
+    with pytest.raises(AllocationError, match="started without Allocate"):
+        match_allocation(NODE, ids(2), [broken], GPUS, MemoryUnit.GiB, {("default", "broken"): {"m": frozenset()}})
+
+
+def test_reallocate_from_the_pod_worker_serves_the_same_gpu_again():
+    """GetDeviceRunContainerOptions re-allocates a container with no recorded devices before it starts."""
+    p = pod("p", [("m", 2)], 1, 1)
+    p["metadata"]["annotations"]["gpushare.io/assigned"] = "true"
+    p["status"] = {"phase": "Pending", "containerStatuses": [{"name": "m", "state": {"waiting": {}}}]}
+    m = match_allocation(NODE, ids(2), [p], GPUS, MemoryUnit.GiB, {("default", "p"): {"m": frozenset()}})
+    assert (m.name, m.gpus[0].index) == ("p", 1)
 
 
 def test_two_admitting_pods_on_different_gpus_is_an_error_not_a_guess():
