@@ -298,7 +298,7 @@ class GpuCluster:
         )
         try:
             node.kubelet.wait_for(
-                lambda: node.kubelet.registrations > registrations and bool(node.kubelet.devices),
+                lambda: node.kubelet.registrations > registrations and bool(node.kubelet.healthy_devices()),
                 timeout,
                 f"plugin on {name} to register",
             )
