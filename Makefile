@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit integration demo lint venv k8s-bins proto bench clean
+.PHONY: test unit integration demo lint venv k8s-bins node-deps node-images proto bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ venv: $(STAMP)
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
 
+# A real test node (tests/node): containerd, runc, CNI plugins, busybox, a C compiler (apt, when missing)
+node-deps:
+	hack/node-deps.sh
+
+# Its images (pause sandbox, busybox), built from source, never pulled; cached
+node-images: venv node-deps
+	PYTHON=$(abspath $(PY)) hack/build-node-images.sh >/dev/null
+
 LINT_PATHS := share_core share_plugin share_scheduler share_inspect tests bench hack samples
 
 lint: venv
@@ -29,15 +37,15 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests -m 'not integration' -q
 
-integration: venv k8s-bins
+integration: venv k8s-bins node-deps node-images
 	$(PY) -m pytest tests -m integration -q
 
 # Every test, the control plane ones included: a missing binary or a control plane that
 # cannot start fails the run; nothing is skipped.
-test: venv k8s-bins lint
+test: venv k8s-bins node-deps node-images lint
 	$(PY) -m pytest tests -q
 
-demo: venv k8s-bins
+demo: venv k8s-bins node-deps
 	$(PY) -m hack.demo
 
 bench: venv

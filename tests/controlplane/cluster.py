@@ -2,7 +2,8 @@
 
 etcd + kube-apiserver (client-cert auth, Node,RBAC authorization) + optionally
 kube-scheduler, built by hack/build-k8s.sh. No controller-manager and no kubelet: tests
-create Node objects themselves and patch their status. Everything listens on 127.0.0.1
+create Node objects themselves and patch their status (tests/node adds a real kubelet, which
+the API server reaches with a client cert of the test CA). Everything listens on 127.0.0.1
 only, every process is ended by its own PID, and anything that fails to come up raises
 with its log tail (never skips).
 """
@@ -203,6 +204,7 @@ class ControlPlane:
         self._scheduler: SchedulerHandle | None = None
         self._kubeconfigs: dict[tuple[str, tuple[str, ...]], Path] = {}
         self._admin_cert: CertPair | None = None
+        self._kubelet_client_cert: CertPair | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -221,6 +223,11 @@ class ControlPlane:
     @property
     def ca_cert(self) -> Path:
         return self._require_ca().cert_path
+
+    @property
+    def ca(self) -> CertAuthority:
+        """The test CA: the API server trusts client certs it issues, and it trusts kubelets' serving certs."""
+        return self._require_ca()
 
     def start(self, etcd_timeout: float = 60.0, apiserver_timeout: float = 120.0) -> None:
         """Start etcd and kube-apiserver, wait for /readyz, write admin kubeconfig."""
@@ -397,6 +404,10 @@ class ControlPlane:
         self._sa_keys = write_service_account_keys(self.pki_dir)
         self._admin_cert = self._ca.issue_client("client-admin", "admin", ["system:masters"])
         self._write_kubeconfig(self.admin_kubeconfig, "admin", self._admin_cert)
+        # How the API server authenticates to a real kubelet (pods/log, exec); kubelets serve certs of this CA.
+        self._kubelet_client_cert = self._ca.issue_client(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ["system:masters"]
+        )
         self._kubeconfigs[("admin", ("system:masters",))] = self.admin_kubeconfig
 
     def _write_kubeconfig(self, path: Path, user: str, pair: CertPair) -> None:
@@ -462,6 +473,7 @@ class ControlPlane:
         )
 
     def _start_apiserver(self, timeout: float) -> None:
+        assert self._kubelet_client_cert is not None
         self._apiserver = ManagedProcess(
             "kube-apiserver",
             [
@@ -474,6 +486,12 @@ class ControlPlane:
                 f"--tls-private-key-file={self._serving.key}",
                 f"--client-ca-file={self.ca_cert}",
                 "--authorization-mode=Node,RBAC",
+                # A real kubelet (tests/node) is reached on its node's InternalIP (127.0.0.1), its
+                # serving cert checked against the test CA; the client cert is the test CA's too.
+                f"--kubelet-client-certificate={self._kubelet_client_cert.cert}",
+                f"--kubelet-client-key={self._kubelet_client_cert.key}",
+                f"--kubelet-certificate-authority={self.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={self._sa_keys.cert}",
                 f"--service-account-signing-key-file={self._sa_keys.key}",
@@ -482,6 +500,8 @@ class ControlPlane:
                 # need it; and no node lifecycle controller would ever lift the not-ready
                 # taint TaintNodesByCondition puts on new Nodes, so nodes start untainted.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # A kubelet (system:node:<name>) may change only its own Node and its pods' status.
+                "--enable-admission-plugins=NodeRestriction",
                 # The `kubernetes` Service endpoint may not be loopback: don't maintain it.
                 "--endpoint-reconciler-type=none",
                 # Aggregation-layer CA (never used to sign a client): delegated authn in

@@ -11,6 +11,7 @@ import pytest
 from tests.controlplane import ControlPlane
 from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
 from tests.controlplane.gpucluster import GpuCluster
+from tests.node import RealNode
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,9 @@ def pytest_runtest_makereport(
     cluster = getattr(item, "funcargs", {}).get("gpu_cluster")
     if report.failed and isinstance(cluster, GpuCluster):
         report.sections.append(("gpushare process logs", cluster.logs(80)))
+    node = getattr(item, "funcargs", {}).get("real_node")
+    if report.failed and isinstance(node, RealNode):
+        report.sections.append(("real node logs (kubelet, containerd)", node.logs(80)))
 
 
 _names = itertools.count()
@@ -74,3 +78,17 @@ def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
         gpu_cluster.admin.request(
             "DELETE", f"/api/v1/namespaces/{name}/pods/{pod['metadata']['name']}", query={"gracePeriodSeconds": 0}
         )
+
+
+@pytest.fixture(scope="session")
+def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """One real node (containerd + runc + upstream kubelet, tests/node) for the session, Ready.
+
+    Needs root and hack/node-deps.sh; images come from hack/build-node-images.sh (never pulled).
+    """
+    node = RealNode(control_plane, "realnode-0", tmp_path_factory.mktemp("realnode"))
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
