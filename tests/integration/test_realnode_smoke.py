@@ -121,6 +121,9 @@ def plugin(real_node: RealNode, control_plane: ControlPlane, tmp_path: Path) -> 
         yield proc
     finally:
         proc.stop()
+        # Leave the shared node as we found it: a kubelet that never saw our resource (later tests
+        # start their own plugin, with other GPUs).
+        real_node.restart_kubelet(drop_device_checkpoint=True)
 
 
 def _gpu_mem(real_node: RealNode) -> tuple[str | None, str | None]:

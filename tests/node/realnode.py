@@ -58,6 +58,7 @@ from . import host
 from .images import NodeImages, node_images
 
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # kubelet's, compiled in (v1beta1.DevicePluginPath)
+DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"  # kubelet's device manager state, in that directory
 SHIM_STATE_PATH = "/run/containerd"  # containerd 1.6: shim sockets in /run/containerd/s, always
 LEGACY_LOG_PATH = "/var/log/containers"  # kubelet: symlinks to container logs, always
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
@@ -200,16 +201,19 @@ class RealNode:
         self.timings["start"] = time.monotonic() - t0
         return self
 
-    def restart_kubelet(self, timeout: float = 60.0) -> None:
+    def restart_kubelet(self, timeout: float = 60.0, drop_device_checkpoint: bool = False) -> None:
         """Stop the kubelet process only and start it again; wait until the node is Ready.
 
         kubelet removes the sockets in its device-plugins directory at start: a device plugin must
-        notice and register again, as in production.
+        notice and register again, as in production. `drop_device_checkpoint` deletes kubelet's
+        device manager checkpoint while it is down (a kubelet that never saw the plugin's resource).
         """
         if self._kubelet is None:
             raise RealNodeError("kubelet is not running")
         self._kubelet.stop()
         self._kubelet = None
+        if drop_device_checkpoint:
+            (self.device_plugin_dir / DEVICE_CHECKPOINT).unlink(missing_ok=True)
         self._start_kubelet(timeout)
 
     def stop(self) -> None:
