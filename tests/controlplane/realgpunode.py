@@ -158,17 +158,38 @@ class RealGpuNode:
             raise self.plugin.fail(f"{exc}\n--- node ---\n{self.node.logs()}") from exc
 
     def wait_advertised(self, timeout: float = 60.0) -> None:
-        """kubelet lists our devices in the Node's allocatable and the plugin published the GPUs."""
+        """This plugin process registered, kubelet's device manager holds its devices as healthy
+        (PodResources GetAllocatableResources, no status lag), and the Node's allocatable says so too."""
 
         def ready() -> bool:
             if self.plugin is not None and not self.plugin.alive():
                 raise self.plugin.fail("exited")
+            if self.plugin is not None and self.registrations() == 0:
+                return False
+            if self.allocatable_devices() < self.units:
+                return False
             node = self.cluster.admin.get_node(self.name)
             allocatable = (node.get("status") or {}).get("allocatable") or {}
             published = ANN_NODE_GPUS in (node["metadata"].get("annotations") or {})
             return published and allocatable.get(RESOURCE_MEM) == str(self.units)
 
         wait_for(ready, timeout, f"kubelet on {self.name} to advertise {self.units} {RESOURCE_MEM}")
+
+    def allocatable_devices(self) -> int:
+        """Healthy devices of our resource in kubelet's device manager, asked over PodResources."""
+        import grpc
+
+        from share_plugin.api import podresources_v1_pb2 as prpb
+        from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
+
+        with grpc.insecure_channel(f"unix://{self.node.pod_resources_socket}") as channel:
+            try:
+                resp = prgrpc.PodResourcesListerStub(channel).GetAllocatableResources(
+                    prpb.AllocatableResourcesRequest(), timeout=5
+                )
+            except grpc.RpcError:
+                return 0
+        return sum(len(d.device_ids) for d in resp.devices if d.resource_name == RESOURCE_MEM)
 
     def registrations(self) -> int:
         """How often the running plugin registered with kubelet (it logs each registration)."""
