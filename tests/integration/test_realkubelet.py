@@ -7,6 +7,7 @@ own limit, no GPU is promised more than it has, and `kubectl inspect gpushare` a
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -167,8 +168,14 @@ def check_burst(real_gpu: RealGpuNode, ns: str, names: list[str], allow_rejected
     for n in failed:
         status = pods[n]["status"]
         assert allow_rejected, f"{ns}/{n} did not run: {status.get('reason')}: {status.get('message')}"
-        # kubelet rejected it at admission (its device plugin was away a moment): said so, never stuck
-        assert status.get("reason") and status.get("message"), status
+        # kubelet rejected it at admission (its device plugin was away a moment), or the restart cut a
+        # container start short (StartError "context canceled", and restartPolicy Never): said so, never stuck
+        rejected = bool(status.get("reason") and status.get("message"))
+        start_cut = any(
+            (cs.get("state") or {}).get("terminated", {}).get("reason") == "StartError"
+            for cs in status.get("containerStatuses") or []
+        )
+        assert rejected or start_cut, json.dumps(status, indent=1)
     real_gpu.check_invariants()
     return failed
 
