@@ -27,7 +27,8 @@ def say(message: str) -> None:
 
 def build_binaries() -> Path:
     say(
-        "Building kube-apiserver, kube-scheduler, etcd, kubectl and helm from Go modules "
+        "Building kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, etcd, kubectl and helm "
+        "from Go modules "
         "(first run only: about 9 minutes on 2 cores; cached in ~/.cache/gpushare)"
     )
     result = subprocess.run([str(REPO / "hack" / "build-k8s.sh")], stdout=subprocess.PIPE, text=True, check=False)
