@@ -177,6 +177,7 @@ def check_burst(real_gpu: RealGpuNode, ns: str, names: list[str], allow_rejected
         )
         assert rejected or start_cut, json.dumps(status, indent=1)
     real_gpu.check_invariants()
+    print(f"{ns}: {len(names) - len(failed)} of {len(names)} pods ran; kubelet rejected {failed}")
     return failed
 
 
