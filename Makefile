@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit integration demo lint venv k8s-bins node-deps node-images proto bench clean
+.PHONY: test unit integration demo lint venv k8s-bins node-deps node-images image-deps image proto bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ node-deps:
 node-images: venv node-deps
 	PYTHON=$(abspath $(PY)) hack/build-node-images.sh >/dev/null
 
+# The product images without a registry or an engine: build/gpushare.oci.tar (Debian bookworm +
+# the project's wheels, hack/image/) and build/kube-scheduler.oci.tar; cached (root: mmdebstrap, chroot)
+image-deps:
+	hack/image-deps.sh
+
+image: venv k8s-bins image-deps
+	PYTHON=$(abspath $(PY)) hack/build-image.sh >/dev/null
+
 LINT_PATHS := share_core share_plugin share_scheduler share_inspect tests bench hack samples
 
 lint: venv
@@ -37,12 +45,12 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests -m 'not integration' -q
 
-integration: venv k8s-bins node-deps node-images
+integration: venv k8s-bins node-deps node-images image
 	$(PY) -m pytest tests -m integration -q
 
 # Every test, the control plane ones included: a missing binary or a control plane that
 # cannot start fails the run; nothing is skipped.
-test: venv k8s-bins node-deps node-images lint
+test: venv k8s-bins node-deps node-images image lint
 	$(PY) -m pytest tests -q
 
 demo: venv k8s-bins node-deps

@@ -201,12 +201,13 @@ class Layer:
     diff_id: str  # sha256 of the uncompressed tar
 
 
-def build_layer(entries: Iterable[Entry], mtime: int | None = None) -> Layer:
-    """A gzip'd tar layer: parents added, sorted, fixed times, reproducible gzip."""
+def build_layer(entries: Iterable[Entry], mtime: int | None = None, compresslevel: int = 9) -> Layer:
+    """A gzip'd tar layer: parents added, sorted, fixed times, reproducible gzip (a lower
+    `compresslevel` for big layers: 6 is several times faster than 9 and a few % larger)."""
     mtime = source_date_epoch() if mtime is None else mtime
     raw = _tar_bytes(_tarinfo(e, mtime) for e in _with_parents(entries))
     gz = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=gz, mtime=0, compresslevel=9) as f:
+    with gzip.GzipFile(filename="", mode="wb", fileobj=gz, mtime=0, compresslevel=compresslevel) as f:
         f.write(raw)
     return Layer(Blob(MEDIA_LAYER_GZIP, gz.getvalue()), "sha256:" + hashlib.sha256(raw).hexdigest())
 
