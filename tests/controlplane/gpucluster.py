@@ -273,27 +273,14 @@ class GpuCluster:
         registrations = node.kubelet.registrations
         node.plugin = ManagedProcess(
             f"plugin-{name}",
-            [
-                sys.executable,
-                "-m",
-                "share_plugin",
-                "--backend",
-                "sim",
-                "--sim-gpus",
-                node.sim_gpus,
-                "--sim-health-file",
-                str(node.health_file),
-                "--node-name",
+            plugin_argv(
                 name,
-                "--device-plugin-dir",
-                str(node.dir / "device-plugins"),
-                "--pod-resources-socket",
-                str(node.dir / "pod-resources" / "kubelet.sock"),
-                "--kubeconfig",
-                str(self.plugin_kubeconfig),
-                "--log-level",
-                "INFO",
-            ],
+                node.sim_gpus,
+                node.dir / "device-plugins",
+                node.dir / "pod-resources" / "kubelet.sock",
+                self.plugin_kubeconfig,
+                health_file=node.health_file,
+            ),
             self.workdir / "logs" / f"plugin-{name}.log",
         )
         try:
@@ -430,6 +417,24 @@ class GpuCluster:
     def logs(self, lines: int = 40) -> str:
         procs = [p for p in [self.extender, *(n.plugin for n in self.nodes.values())] if p is not None]
         return "\n".join(f"--- {p.name} ---\n{p.log_tail(lines)}" for p in procs)
+
+
+def plugin_argv(
+    node: str,
+    sim_gpus: str,
+    device_plugin_dir: str | Path,
+    pod_resources_socket: str | Path,
+    kubeconfig: str | Path | None,
+    health_file: str | Path | None = None,
+) -> list[str]:
+    """`share-plugin --backend sim` for one node, as the DaemonSet runs it (one place for every harness)."""
+    argv = [sys.executable, "-m", "share_plugin", "--backend", "sim", "--sim-gpus", sim_gpus, "--node-name", node]
+    if health_file is not None:
+        argv += ["--sim-health-file", str(health_file)]
+    argv += ["--device-plugin-dir", str(device_plugin_dir), "--pod-resources-socket", str(pod_resources_socket)]
+    if kubeconfig is not None:
+        argv += ["--kubeconfig", str(kubeconfig)]
+    return [*argv, "--log-level", "INFO"]
 
 
 def pod_spec(

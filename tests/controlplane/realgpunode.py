@@ -10,7 +10,6 @@ annotations.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterable
 from io import StringIO
@@ -23,7 +22,7 @@ from share_core.gpus import node_gpus
 from share_core.kube import KubeError
 from share_core.request import pod_request
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.gpucluster import GpuCluster, Pod, wait_for
+from tests.controlplane.gpucluster import GpuCluster, Pod, plugin_argv, wait_for
 from tests.node import RealNode
 
 ENV_END = "GPUSHARE-ENV-END"
@@ -131,25 +130,13 @@ class RealGpuNode:
         self.plugin_pod_resources = pod_resources_socket
         self.plugin = ManagedProcess(
             f"plugin-{self.name}",
-            [
-                sys.executable,
-                "-m",
-                "share_plugin",
-                "--backend",
-                "sim",
-                "--sim-gpus",
-                self.sim_gpus,
-                "--node-name",
+            plugin_argv(
                 self.name,
-                "--device-plugin-dir",
-                str(self.node.device_plugin_dir),
-                "--pod-resources-socket",
-                str(pod_resources_socket or self.node.pod_resources_socket),
-                "--kubeconfig",
-                str(self.cluster.plugin_kubeconfig),
-                "--log-level",
-                "INFO",
-            ],
+                self.sim_gpus,
+                self.node.device_plugin_dir,
+                pod_resources_socket or self.node.pod_resources_socket,
+                self.cluster.plugin_kubeconfig,
+            ),
             self.cluster.workdir / "logs" / f"plugin-{self.name}.log",
         )
         try:

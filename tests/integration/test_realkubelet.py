@@ -176,6 +176,8 @@ def check_burst(real_gpu: RealGpuNode, ns: str, names: list[str], allow_rejected
             for cs in status.get("containerStatuses") or []
         )
         assert rejected or start_cut, json.dumps(status, indent=1)
+        # ...but never by our plugin refusing a gpushare pod: its refusals all start "node <name>:"
+        assert f"node {real_gpu.name}:" not in status.get("message", ""), status["message"]
     real_gpu.check_invariants()
     print(f"{ns}: {len(names) - len(failed)} of {len(names)} pods ran; kubelet rejected {failed}")
     return failed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_MEM
 from share_core.kube import NotFound
 from tests.controlplane import ControlPlane, ManagedProcess
+from tests.controlplane.gpucluster import plugin_argv
 from tests.node import RealNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.realkubelet]
@@ -98,23 +98,13 @@ def test_busybox_pod_runs_and_its_log_reads_through_the_api(
 def plugin(real_node: RealNode, control_plane: ControlPlane, tmp_path: Path) -> Iterator[ManagedProcess]:
     proc = ManagedProcess(
         "share-plugin",
-        [
-            sys.executable,
-            "-m",
-            "share_plugin",
-            "--backend",
-            "sim",
-            "--sim-gpus",
-            "2xA100:80GiB",
-            "--node-name",
+        plugin_argv(
             real_node.name,
-            "--device-plugin-dir",
-            str(real_node.device_plugin_dir),
-            "--pod-resources-socket",
-            str(real_node.pod_resources_socket),
-            "--kubeconfig",
-            str(control_plane.admin_kubeconfig),
-        ],
+            "2xA100:80GiB",
+            real_node.device_plugin_dir,
+            real_node.pod_resources_socket,
+            control_plane.admin_kubeconfig,
+        ),
         tmp_path / "share-plugin.log",
     )
     try:
