@@ -1,10 +1,12 @@
 """A real, secured Kubernetes control plane on loopback for integration tests.
 
 etcd + kube-apiserver (client-cert auth, Node,RBAC authorization) + optionally
-kube-scheduler, built by hack/build-k8s.sh. No controller-manager and no kubelet: tests
+kube-scheduler and kube-controller-manager, built by hack/build-k8s.sh. No kubelet: tests
 create Node objects themselves and patch their status (tests/node adds a real kubelet, which
-the API server reaches with a client cert of the test CA). Everything listens on 127.0.0.1
-only, every process is ended by its own PID, and anything that fails to come up raises
+the API server reaches with a client cert of the test CA). The ServiceAccount admission plugin is
+on only for a control plane made with `service_accounts=True`, whose controller manager creates
+the default service accounts and publishes kube-root-ca.crt (pods then get projected tokens).
+Everything listens on 127.0.0.1 only, every process is ended by its own PID, and anything that fails to come up raises
 with its log tail (never skips).
 """
 
@@ -33,6 +35,20 @@ from .certs import CertAuthority, CertPair, apiserver_sans, write_service_accoun
 
 LOOPBACK = "127.0.0.1"
 SCHEDULER_USER = "system:kube-scheduler"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+# The controllers a chart needs to run as in any cluster. Not the node lifecycle controller (stand-in
+# nodes never heartbeat), nor the ones for things the tests never make (volumes, jobs, endpoints...).
+DEFAULT_CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "disruption-controller",
+)
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
@@ -188,8 +204,9 @@ class ControlPlane:
     _front_proxy_ca: CertAuthority
     _sa_keys: CertPair
 
-    def __init__(self, workdir: Path | str, bin_dir: Path | str) -> None:
+    def __init__(self, workdir: Path | str, bin_dir: Path | str, service_accounts: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
+        self.service_accounts = service_accounts
         self.bin_dir = Path(bin_dir).resolve()
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
@@ -202,6 +219,8 @@ class ControlPlane:
         self._etcd: ManagedProcess | None = None
         self._apiserver: ManagedProcess | None = None
         self._scheduler: SchedulerHandle | None = None
+        self._controller_manager: ManagedProcess | None = None
+        self.controller_manager_port = 0
         self._kubeconfigs: dict[tuple[str, tuple[str, ...]], Path] = {}
         self._admin_cert: CertPair | None = None
         self._kubelet_client_cert: CertPair | None = None
@@ -245,8 +264,9 @@ class ControlPlane:
             raise
 
     def stop(self) -> None:
-        """Stop scheduler, API server and etcd, each by its own PID; idempotent."""
+        """Stop scheduler, controller manager, API server and etcd, each by its own PID; idempotent."""
         self.stop_scheduler()
+        self.stop_controller_manager()
         for attr in ("_apiserver", "_etcd"):
             proc: ManagedProcess | None = getattr(self, attr)
             if proc is not None:
@@ -270,6 +290,7 @@ class ControlPlane:
             self._etcd,
             self._apiserver,
             self._scheduler.process if self._scheduler else None,
+            self._controller_manager,
         ]
         return [p for p in procs if p is not None]
 
@@ -389,6 +410,66 @@ class ControlPlane:
     def scheduler(self) -> SchedulerHandle | None:
         return self._scheduler
 
+    # ----------------------------------------------------------------- controller manager
+
+    def start_controller_manager(
+        self, controllers: Sequence[str] = DEFAULT_CONTROLLERS, timeout: float = 90.0
+    ) -> ManagedProcess:
+        """Start kube-controller-manager as system:kube-controller-manager (client cert of the test
+        CA; the built-in RBAC grants it), each controller with its own service account's credentials
+        (`--use-service-account-credentials`, as kubeadm runs it), tokens signed with the key the API
+        server verifies, the test CA published as kube-root-ca.crt. Waits for /healthz."""
+        if self._controller_manager is not None:
+            raise ControlPlaneError("kube-controller-manager already running")
+        kubeconfig = self.kubeconfig_for(CONTROLLER_MANAGER_USER)
+        self.controller_manager_port = free_port()
+        proc = ManagedProcess(
+            "kube-controller-manager",
+            [
+                self.binary("kube-controller-manager"),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={self.controller_manager_port}",
+                f"--cert-dir={self.workdir / 'controller-manager-certs'}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self._sa_keys.key}",
+                f"--root-ca-file={self.ca_cert}",
+                f"--controllers={','.join(controllers)}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--leader-elect=false",
+                "--concurrent-deployment-syncs=2",
+                "--concurrent-replicaset-syncs=2",
+                "--v=2",
+            ],
+            self.log_dir / "kube-controller-manager.log",
+        )
+        self._controller_manager = proc
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert
+        try:
+            wait_until(
+                proc,
+                lambda: _http_get(f"https://{LOOPBACK}:{self.controller_manager_port}/healthz", insecure)[0] == 200,
+                timeout,
+                "healthy",
+            )
+        except BaseException:
+            self.stop_controller_manager()
+            raise
+        return proc
+
+    def stop_controller_manager(self) -> None:
+        if self._controller_manager is not None:
+            self._controller_manager.stop()
+            self._controller_manager = None
+
+    @property
+    def controller_manager(self) -> ManagedProcess | None:
+        return self._controller_manager
+
     # ----------------------------------------------------------------- internals
 
     def _require_ca(self) -> CertAuthority:
@@ -496,10 +577,12 @@ class ControlPlane:
                 f"--service-account-key-file={self._sa_keys.cert}",
                 f"--service-account-signing-key-file={self._sa_keys.key}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                # No controller-manager creates the default ServiceAccount, so pods must not
-                # need it; and no node lifecycle controller would ever lift the not-ready
-                # taint TaintNodesByCondition puts on new Nodes, so nodes start untainted.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                # Unless `service_accounts`, no controller-manager creates the default
+                # ServiceAccount, so pods must not need it; and no node lifecycle controller would
+                # ever lift the not-ready taint TaintNodesByCondition puts on new Nodes, so nodes
+                # start untainted.
+                "--disable-admission-plugins="
+                + ("TaintNodesByCondition" if self.service_accounts else "ServiceAccount,TaintNodesByCondition"),
                 # A kubelet (system:node:<name>) may change only its own Node and its pods' status.
                 "--enable-admission-plugins=NodeRestriction",
                 # The `kubernetes` Service endpoint may not be loopback: don't maintain it.
