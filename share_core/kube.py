@@ -195,7 +195,12 @@ class ApiServerClient:
             hook = getattr(self._cfg, "refresh_api_key_hook", None)
             if hook is not None:
                 hook(self._cfg)
-            token = self._cfg.get_api_key_with_prefix("authorization")
+            # The kubernetes client stores a bearer token (in-cluster service account, kubeconfig
+            # token) under "BearerToken" (client >= 29); older ones and hand-made configs use
+            # "authorization".
+            token = self._cfg.get_api_key_with_prefix("BearerToken") or self._cfg.get_api_key_with_prefix(
+                "authorization"
+            )
         if token:
             headers["Authorization"] = token
         return headers

@@ -119,6 +119,8 @@ class RealNode:
         bin_dir: Path | str | None = None,
         images: NodeImages | None = None,
         status_update_seconds: int = 1,
+        pod_subnet: str = POD_SUBNET,
+        pod_gateway: bool = False,
     ) -> None:
         self.cp = cp
         self.name = name
@@ -126,6 +128,11 @@ class RealNode:
         self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else cp.bin_dir
         self._images = images
         self.status_update_seconds = status_update_seconds
+        # pod_gateway: the bridge gets the subnet's first address on the host side and pods a default
+        # route through it, so kubelet's probes reach pod IPs and pods reach host addresses (no NAT,
+        # no iptables: only a connected route to pod_subnet on the host, gone with the bridge).
+        self.pod_subnet = pod_subnet
+        self.pod_gateway = pod_gateway
         self.log_dir = self.workdir / "logs"
         self.containerd_dir = self.workdir / "containerd"
         self.kubelet_root = self.workdir / "kubelet"
@@ -427,12 +434,13 @@ class RealNode:
         bridge = {
             "type": "bridge",
             "bridge": self.bridge,
-            "isGateway": False,
+            "isGateway": self.pod_gateway,
+            "isDefaultGateway": self.pod_gateway,
             "ipMasq": False,
             "hairpinMode": False,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{"subnet": POD_SUBNET}]],
+                "ranges": [[{"subnet": self.pod_subnet}]],
                 "dataDir": str(c / "cni" / "ipam"),
             },
         }

@@ -328,7 +328,9 @@ def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) 
     assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
     assert args.memory_unit == "MiB"
     assert args.health_check is False and args.mps is True and args.device_id_strategy == "index"
-    assert args.device_plugin_dir == "/var/lib/k0s/kubelet/device-plugins"
+    # the root dir moved, kubelet's compiled-in device plugin dir did not
+    assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
+    assert args.pod_resources_socket == "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
     spec = pod_spec(ds)
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]

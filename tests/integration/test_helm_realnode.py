@@ -1,0 +1,358 @@
+"""What the README tells a user, for real: `helm install` of charts/gpushare into a cluster whose
+node is a real kubelet (containerd, runc), from the images `make image` built.
+
+The cluster: etcd, kube-apiserver with the ServiceAccount admission plugin, the real
+kube-controller-manager and a default kube-scheduler (the DaemonSet and Deployment controllers
+make every pod of the chart and of the samples; nothing is made by hand), one RealNode labelled
+gpushare=true, the `kubernetes` Service reachable from pods (tests/node/serviceproxy.py stands in
+for kube-proxy for that one Service). The chart is installed with values only (no template override): our images with
+pullPolicy Never, the sim backend, the node's kubelet root. Its device plugin registers with
+kubelet from inside its container through the hostPath sockets; its scheduler pod runs
+kube-scheduler and the extender with the chart's RBAC only; the samples (image replaced by our
+busybox, which cannot be pulled otherwise, and each container's command prefixed with a print of
+its env) run, and every container's env matches its pod's annotations. `helm upgrade` with a
+changed value rolls both workloads; `helm uninstall` leaves nothing of the release behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE
+from tests.controlplane import ControlPlane
+from tests.controlplane.cluster import CONTROLLER_MANAGER_USER
+from tests.node import RealNode
+from tests.node.images import node_images
+from tests.node.product_images import ProductImages, product_images
+from tests.node.serviceproxy import KubernetesServiceProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.realkubelet, pytest.mark.timeout(1200)]
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "gpushare"
+SAMPLES = REPO / "samples"
+RELEASE = "gpushare"
+NAMESPACE = "gpushare-system"
+SAMPLES_NS = "samples"
+NODE = "gpunode-0"
+SIM_GPUS = "2xA100:80GiB,1xT4:16GiB"
+GPU_MEM_UNITS = 80 + 80 + 16
+KUBERNETES_SERVICE = ("10.0.0.1", 443)  # ClusterIP of `kubernetes` (first of SERVICE_CLUSTER_IP_RANGE)
+KUBELET_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # compiled into kubelet
+ENV_PREFIXES = ("GPUSHARE_", "NVIDIA_VISIBLE_DEVICES=", "ALIYUN_COM_GPU_MEM_")
+PRINT_ENV = "env | grep -E '^(GPUSHARE_|NVIDIA_VISIBLE_DEVICES=|ALIYUN_COM_GPU_MEM_)' | sort; echo ENV-END; "
+TIMINGS: dict[str, float] = {}
+
+
+class Cluster:
+    def __init__(self, cp: ControlPlane, node: RealNode, images: ProductImages, workdir: Path) -> None:
+        self.cp, self.node, self.images, self.workdir = cp, node, images, workdir
+
+    def helm(self, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.cp.binary("helm")), f"--kubeconfig={self.cp.admin_kubeconfig}", *args]
+        env = {"HOME": str(self.workdir), "PATH": "/usr/bin:/bin", "HELM_CACHE_HOME": str(self.workdir / "helm")}
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        if result.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}\n"
+                + self.describe()
+            )
+        return result
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.cp.kubectl("get", *args, "-o", "json").stdout)
+
+    def pods(self, ns: str, selector: str | None = None) -> list[dict[str, Any]]:
+        return self.get("pods", "-n", ns, *(["-l", selector] if selector else []))["items"]
+
+    def describe(self) -> str:
+        out = [self.cp.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout]
+        out.append(self.cp.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-6000:])
+        for ns in (NAMESPACE, SAMPLES_NS):
+            for pod in self.pods(ns) if self._ns_exists(ns) else []:
+                for c in pod["spec"]["containers"]:
+                    try:
+                        log = self.node.pod_log(ns, pod["metadata"]["name"], c["name"])
+                    except Exception as exc:
+                        log = f"<{exc}>"
+                    out.append(f"--- {ns}/{pod['metadata']['name']}/{c['name']}\n{log[-3000:]}")
+        return "\n".join(out)
+
+    def _ns_exists(self, ns: str) -> bool:
+        return self.cp.kubectl("get", "namespace", ns, check=False).returncode == 0
+
+
+def _poll(check, timeout: float, what: str, cluster: Cluster | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not {what} within {timeout:.0f}s\n" + (cluster.describe() if cluster else ""))
+
+
+@pytest.fixture(scope="module")
+def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    t0 = time.monotonic()
+    images = product_images()
+    TIMINGS["images"] = time.monotonic() - t0
+    work = tmp_path_factory.mktemp("helm-realnode")
+    cp = ControlPlane(work / "controlplane", k8s_bin_dir, service_accounts=True)
+    proxy: KubernetesServiceProxy | None = None
+    node: RealNode | None = None
+    try:
+        cp.start()
+        cp.start_controller_manager()
+        cp.start_scheduler("{}")  # the cluster's default-scheduler (places the chart's own pods)
+        proxy = KubernetesServiceProxy(*KUBERNETES_SERVICE, "127.0.0.1", cp.apiserver_port).start()
+        node = RealNode(cp, NODE, work / "node", images=node_images(), pod_subnet="10.245.0.0/24", pod_gateway=True)
+        node.start()
+        t1 = time.monotonic()
+        for image in images.all():
+            node.ctr("images", "import", str(image.archive), timeout=300)
+        listed = node.ctr("images", "ls", "-q").stdout.split()
+        assert all(i.ref in listed for i in images.all()), listed
+        TIMINGS["import"] = time.monotonic() - t1
+        TIMINGS["cluster"] = time.monotonic() - t0
+        yield Cluster(cp, node, images, work)
+    finally:
+        if node is not None:
+            node.stop()
+        if proxy is not None:
+            proxy.stop()
+        cp.stop()
+        print(f"\n[helm-realnode] timings: { {k: round(v, 1) for k, v in TIMINGS.items()} }")
+
+
+def _values(c: Cluster) -> dict[str, Any]:
+    g_repo, g_tag = c.images.gpushare.ref.rsplit(":", 1)
+    s_repo, s_tag = c.images.kube_scheduler.ref.rsplit(":", 1)
+    return {
+        "image": {"repository": g_repo, "tag": g_tag, "pullPolicy": "Never"},
+        "devicePlugin": {
+            "backend": "sim",
+            "simGpus": SIM_GPUS,
+            "kubeletRootDir": str(c.node.kubelet_root),
+            "devicePluginDir": KUBELET_DEVICE_PLUGIN_DIR,
+        },
+        "scheduler": {"kubeScheduler": {"image": {"repository": s_repo, "tag": s_tag, "pullPolicy": "Never"}}},
+    }
+
+
+def _values_file(c: Cluster, name: str, values: dict[str, Any]) -> Path:
+    path = c.workdir / name
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def _node_gpu_mem(c: Cluster) -> int:
+    node = c.get("node", NODE)
+    return int(node["status"].get("allocatable", {}).get("nvidia.com/gpu-mem", "0"))
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions", [])}
+    return pod.get("status", {}).get("phase") == "Running" and conds.get("Ready") == "True"
+
+
+def test_helm_install(cluster: Cluster) -> None:
+    c = cluster
+    c.cp.kubectl("label", "node", NODE, f"{NODE_LABEL}={NODE_LABEL_VALUE}", "--overwrite")
+    t0 = time.monotonic()
+    values = _values_file(c, "values.yaml", _values(c))
+    c.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "-f", str(values), "--wait", "--timeout", "3m",
+    )  # fmt: skip
+    TIMINGS["helm_install"] = time.monotonic() - t0
+
+    # The device plugin: one pod, made by the DaemonSet controller, from our image, on the real node.
+    plugin_pods = c.pods(NAMESPACE, "app.kubernetes.io/component=device-plugin")
+    assert len(plugin_pods) == 1, plugin_pods
+    pod = plugin_pods[0]
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet"
+    assert pod["spec"]["nodeName"] == NODE and _ready(pod)
+    assert pod["spec"]["containers"][0]["image"] == c.images.gpushare.ref
+    status = pod["status"]["containerStatuses"][0]
+    assert status["ready"] and status["restartCount"] == 0, status
+    # ... registered from inside its container: kubelet advertises the GPUs' memory.
+    _poll(lambda: _node_gpu_mem(c) == GPU_MEM_UNITS, 120, f"{GPU_MEM_UNITS} nvidia.com/gpu-mem allocatable", c)
+    gpus = json.loads(c.get("node", NODE)["metadata"]["annotations"]["gpushare.io/gpus"])
+    assert sorted(g["memory"] for g in gpus) == [16, 80, 80]
+    TIMINGS["plugin_ready"] = time.monotonic() - t0
+
+    # The scheduler: Deployment -> ReplicaSet -> pods, both containers ready, leader elected.
+    sched_pods = c.pods(NAMESPACE, "app.kubernetes.io/component=scheduler")
+    assert len(sched_pods) == 2 and all(_ready(p) for p in sched_pods), sched_pods
+    for p in sched_pods:
+        assert p["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+        images = {x["name"]: x["image"] for x in p["spec"]["containers"]}
+        assert images == {"kube-scheduler": c.images.kube_scheduler.ref, "extender": c.images.gpushare.ref}
+        assert p["spec"]["securityContext"]["runAsUser"] == 65532
+    leases = c.get("lease", "-n", NAMESPACE)["items"]
+    assert any(x["spec"].get("holderIdentity") for x in leases), leases
+    # Nobody but the controllers made pods: no pod of the release lacks an owner.
+    assert all(p["metadata"].get("ownerReferences") for p in c.pods(NAMESPACE))
+    assert CONTROLLER_MANAGER_USER  # the controllers ran under their own credentials (cluster.py)
+
+
+def _sample_docs() -> list[dict[str, Any]]:
+    docs = []
+    for f in sorted(SAMPLES.glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(f.read_text()) if d]
+    return docs
+
+
+def _adapt(doc: dict[str, Any], image: str) -> dict[str, Any]:
+    """Our busybox instead of the CUDA image (no registry here), and each container prints its env first."""
+    spec = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "Job") else doc["spec"]
+    for ctr in [*spec.get("initContainers", []), *spec["containers"]]:
+        ctr["image"] = image
+        ctr["imagePullPolicy"] = "Never"
+        cmd = list(ctr.get("command", [])) + list(ctr.pop("args", []))
+        assert cmd[:2] == ["sh", "-c"] and len(cmd) == 3, cmd
+        ctr["command"] = ["sh", "-c", PRINT_ENV + cmd[2]]
+    spec["terminationGracePeriodSeconds"] = 1
+    return doc
+
+
+def _printed_env(log: str) -> dict[str, str] | None:
+    if "ENV-END" not in log:
+        return None
+    env = {}
+    for line in log.split("ENV-END", 1)[0].splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            env[key] = value
+    return env
+
+
+def _limit_gib(ctr: dict[str, Any]) -> int:
+    return int(ctr["resources"]["limits"]["nvidia.com/gpu-mem"])
+
+
+def test_samples_run_with_the_env_of_their_annotations(cluster: Cluster) -> None:
+    c = cluster
+    docs = [_adapt(d, node_images().busybox.ref) for d in _sample_docs()]
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds.count("Pod") >= 4 and "Deployment" in kinds, kinds
+    c.cp.kubectl("create", "namespace", SAMPLES_NS)
+    _poll(lambda: c.cp.kubectl("get", "sa", "default", "-n", SAMPLES_NS, check=False).returncode == 0, 30, "default sa")
+    t0 = time.monotonic()
+    c.cp.kubectl(
+        "apply", "-n", SAMPLES_NS, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    )
+    replicas = sum(d["spec"]["replicas"] for d in docs if d["kind"] == "Deployment")
+    expected = kinds.count("Pod") + replicas
+
+    def running() -> list[dict[str, Any]] | None:
+        pods = c.pods(SAMPLES_NS)
+        return pods if len(pods) == expected and all(_ready(p) for p in pods) else None
+
+    pods = _poll(running, 240, f"{expected} sample pods running", c)
+    TIMINGS["samples_running"] = time.monotonic() - t0
+    gpus = {g["index"]: g for g in json.loads(c.get("node", NODE)["metadata"]["annotations"]["gpushare.io/gpus"])}
+    checked = 0
+    for pod in pods:
+        name, ann = pod["metadata"]["name"], pod["metadata"]["annotations"]
+        assert pod["spec"]["nodeName"] == NODE
+        indices = ann["gpushare.io/gpu-index"].split(",")
+        count = len(indices)
+        assert ann["gpushare.io/assigned"] == "true", ann
+        for ctr in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]:
+            env = _poll(
+                lambda n=name, x=ctr["name"]: _printed_env(c.node.pod_log(SAMPLES_NS, n, x)), 60, f"{name} env", c
+            )
+            where = f"{name}/{ctr['name']}: {env}"
+            assert env["GPUSHARE_GPU_INDEX"] == ann["gpushare.io/gpu-index"], where
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ann["gpushare.io/gpu-uuid"], where
+            assert int(env["GPUSHARE_MEM_LIMIT_MIB"]) == _limit_gib(ctr) * 1024 // count, where
+            totals = [int(gpus[int(i)]["memory"]) * 1024 for i in indices]
+            assert [int(x) for x in env["GPUSHARE_MEM_TOTAL_MIB"].split(",")] == totals, where
+            assert env["ALIYUN_COM_GPU_MEM_POD"] == ann["gpushare.io/gpu-mem"], where
+            checked += 1
+    if "gpushare.io/gpu-model" in json.dumps([d["metadata"] for d in docs]):
+        model_pod = next(p for p in pods if p["metadata"]["name"] == "gpushare-gpu-model")
+        idx = int(model_pod["metadata"]["annotations"]["gpushare.io/gpu-index"])
+        assert "T4" in gpus[idx]["model"]
+    assert checked >= expected
+    print(f"\n[helm-realnode] {len(pods)} sample pods, {checked} containers' env checked")
+
+
+def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
+    c = cluster
+    before = {p["metadata"]["name"] for p in c.pods(NAMESPACE)}
+    values = _values(c)
+    values["logLevel"] = "debug"  # both workloads' args change
+    values["scheduler"]["policy"] = "spread"
+    t0 = time.monotonic()
+    c.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "-f", str(_values_file(c, "values-upgrade.yaml", values)), "--wait", "--timeout", "3m",
+    )  # fmt: skip
+
+    def rolled() -> list[dict[str, Any]] | None:
+        pods = c.pods(NAMESPACE)
+        fresh = [p for p in pods if p["metadata"]["name"] not in before]
+        if len(pods) == 3 and len(fresh) == 3 and all(_ready(p) for p in pods):
+            return pods
+        return None
+
+    pods = _poll(rolled, 240, "every release pod replaced and ready, none left terminating", c)
+    TIMINGS["helm_upgrade"] = time.monotonic() - t0
+    for p in pods:
+        for ctr in p["spec"]["containers"]:
+            if ctr["name"] in ("device-plugin", "extender"):
+                assert "--log-level=DEBUG" in ctr["args"], ctr["args"]
+            if ctr["name"] == "extender":
+                assert "--policy=spread" in ctr["args"]
+    _poll(lambda: _node_gpu_mem(c) == GPU_MEM_UNITS, 120, "the new plugin registered", c)
+    # The samples kept their GPUs; a new pod is still placed by the new scheduler and gets its env.
+    pod = _adapt(next(d for d in _sample_docs() if d["metadata"]["name"] == "gpushare-pod"), node_images().busybox.ref)
+    pod["metadata"]["name"] = "gpushare-pod-after-upgrade"
+    c.cp.kubectl("apply", "-n", SAMPLES_NS, "-f", "-", input=json.dumps(pod))
+    _poll(lambda: _ready(c.get("pod", "-n", SAMPLES_NS, "gpushare-pod-after-upgrade")), 120, "new pod running", c)
+    env = _poll(lambda: _printed_env(c.node.pod_log(SAMPLES_NS, "gpushare-pod-after-upgrade", "cuda")), 60, "env", c)
+    ann = c.get("pod", "-n", SAMPLES_NS, "gpushare-pod-after-upgrade")["metadata"]["annotations"]
+    assert env["GPUSHARE_GPU_INDEX"] == ann["gpushare.io/gpu-index"]
+
+
+def test_helm_uninstall_leaves_nothing_behind(cluster: Cluster) -> None:
+    c = cluster
+    t0 = time.monotonic()
+    c.cp.kubectl("delete", "namespace", SAMPLES_NS, "--wait=false")
+    c.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "3m")
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    kinds = (
+        "pods,daemonsets,deployments,replicasets,services,configmaps,serviceaccounts,roles,rolebindings,"
+        "poddisruptionbudgets,controllerrevisions"
+    )
+
+    def gone() -> bool:
+        left = c.get(kinds, "-A", "-l", selector)["items"]
+        left += c.get("clusterroles,clusterrolebindings", "-l", selector)["items"]
+        left += c.pods(NAMESPACE)
+        return not left
+
+    _poll(gone, 120, "every object of the release gone", c)
+    _poll(lambda: not c._ns_exists(SAMPLES_NS), 120, "samples namespace gone (no pod stuck terminating)", c)
+    # kubelet drops the resource once the plugin's socket is gone
+    _poll(lambda: _node_gpu_mem(c) == 0, 120, "nvidia.com/gpu-mem allocatable back to 0", c)
+    TIMINGS["helm_uninstall"] = time.monotonic() - t0
+    leftovers = [x["metadata"]["name"] for x in c.get("lease", "-n", NAMESPACE)["items"]]
+    print(f"\n[helm-realnode] after uninstall, in {NAMESPACE}: leases {leftovers} (kube-scheduler's, not the chart's)")
+    # Nothing of ours runs on the node any more; kubelet's garbage collection then removes the
+    # exited containers' records too.
+    assert c.node.ctr("tasks", "ls", "-q").stdout.split() == []
+    t1 = time.monotonic()
+    _poll(lambda: not c.node.ctr("containers", "ls", "-q").stdout.split(), 180, "containers removed by kubelet", c)
+    TIMINGS["containers_collected"] = time.monotonic() - t1
