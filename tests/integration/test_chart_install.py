@@ -1,10 +1,13 @@
 """The chart installed into the real control plane: its objects are accepted and created, the
 kube-scheduler runs from the chart's ConfigMap as the chart's service account, and every sample in
-samples/ is scheduled through the extender onto the simulated nodes where it belongs."""
+samples/ is scheduled through the extender onto the simulated nodes where it belongs. The sample
+Deployment's pods are made by the real Deployment and ReplicaSet controllers (kube-controller-manager,
+started for this test only)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,7 +19,6 @@ from tests.controlplane.gpucluster import (
     NAMESPACE,
     RELEASE,
     GpuCluster,
-    expand_workloads,
     load_yaml_docs,
     sa_identity,
 )
@@ -53,20 +55,42 @@ def test_chart_installs_and_its_scheduler_places_every_sample(gpu_cluster: GpuCl
     config = scheduler_config(objects)
     scheduler_sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     cp.stop_scheduler()
+    # Only the controllers the samples need: this session's control plane has no ServiceAccount
+    # admission and its stand-in nodes never heartbeat (no node lifecycle controller). The chart's
+    # own kube-scheduler runs as a process here (no real kubelet), so its Deployment is scaled to 0.
+    cp.kubectl("scale", "deployment", "-n", NAMESPACE, deployment["metadata"]["name"], "--replicas=0")
+    cp.start_controller_manager(
+        controllers=("deployment-controller", "replicaset-controller", "garbage-collector-controller")
+    )
     try:
         cp.start_scheduler(yaml.safe_dump(config), kubeconfig=cp.kubeconfig_for(*sa_identity(NAMESPACE, scheduler_sa)))
         gpu_cluster.add_node(f"{ns}-a100", "2xA100:80GiB")
         gpu_cluster.add_node(f"{ns}-t4", "4xT4:16GiB")
         docs = [d for f in sorted(SAMPLES.glob("*.yaml")) for d in load_yaml_docs(f)]
-        pods = expand_workloads(docs, ns)
-        assert len(pods) >= 5
+        pods = [d for d in docs if d["kind"] == "Pod"]
+        workloads = [d for d in docs if d["kind"] != "Pod"]
+        assert len(pods) >= 4 and [d["kind"] for d in workloads] == ["Deployment"]
         for pod in pods:
-            gpu_cluster.create_pod(pod)
-        gpu_cluster.wait_all_running(ns, len(pods), timeout=120)
+            gpu_cluster.create_pod({**pod, "metadata": {**pod["metadata"], "namespace": ns}})
+        cp.kubectl(
+            "apply", "-n", ns, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": workloads})
+        )
+        expected = len(pods) + sum(int(d["spec"]["replicas"]) for d in workloads)
+        gpu_cluster.wait_all_running(ns, expected, timeout=120)
+        made = [p for p in gpu_cluster.pods(ns) if p["metadata"].get("ownerReferences")]
+        assert {o["kind"] for p in made for o in p["metadata"]["ownerReferences"]} == {"ReplicaSet"}
+        assert len(made) == expected - len(pods)
         _assert_samples_landed_where_they_should(gpu_cluster, ns)
         lease = json.loads(cp.kubectl("get", "lease", "-n", NAMESPACE, "-o", "json").stdout)["items"]
         assert lease, "leader election on: kube-scheduler holds a lease in the release namespace"
     finally:
+        # The garbage collector removes the sample ReplicaSet; the ns fixture deletes the pods.
+        cp.kubectl("delete", "deployment", "--all", "-n", ns, check=False)
+        for _ in range(60):
+            if not json.loads(cp.kubectl("get", "replicasets", "-n", ns, "-o", "json").stdout)["items"]:
+                break
+            time.sleep(0.5)
+        cp.stop_controller_manager()
         cp.stop_scheduler()
         gpu_cluster.start_scheduler()
 
