@@ -11,6 +11,7 @@ the kubelet stand-in; the demo says plainly when it cannot run the real one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from share_core.contract import ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES
     from share_inspect.cli import main as inspect_main
     from tests.controlplane import ControlPlane
-    from tests.controlplane.gpucluster import GpuCluster, expand_workloads, load_yaml_docs
+    from tests.controlplane.gpucluster import GpuCluster, load_yaml_docs
 
     bin_dir = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
@@ -89,12 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         for name, gpus in (("node-a100", "2xA100:80GiB"), ("node-t4", "4xT4:16GiB")):
             say(f"Adding simulated node {name} ({gpus}): device plugin + kubelet stand-in")
             cluster.add_node(name, gpus)
+        say("Starting kube-controller-manager (Deployment and ReplicaSet controllers) for the samples")
+        cp.start_controller_manager(
+            controllers=("deployment-controller", "replicaset-controller", "garbage-collector-controller")
+        )
         docs = [d for f in sorted((REPO / "samples").glob("*.yaml")) for d in load_yaml_docs(f)]
-        pods = expand_workloads(docs, namespace)
-        say(f"Applying {len(pods)} pods from samples/ ({', '.join(sorted({d['kind'] for d in docs}))})")
-        for pod in pods:
-            cluster.create_pod(pod)
-        cluster.wait_all_running(namespace, len(pods), timeout=120)
+        expected = sum(int(d["spec"].get("replicas", 1)) if d["kind"] != "Pod" else 1 for d in docs)
+        say(f"Applying samples/: {len(docs)} objects ({', '.join(sorted({d['kind'] for d in docs}))}), {expected} pods")
+        cp.kubectl(
+            "apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+        )
+        cluster.wait_all_running(namespace, expected + (1 if real is not None else 0), timeout=120)
         say("Where they landed, and what each container was told:")
         for pod in sorted(cluster.pods(namespace), key=lambda p: p["metadata"]["name"]):
             if pod["spec"].get("nodeName") not in cluster.nodes:

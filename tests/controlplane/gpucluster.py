@@ -476,27 +476,3 @@ def pod_spec(
 
 def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
-
-
-def expand_workloads(docs: Iterable[dict[str, Any]], namespace: str) -> list[Pod]:
-    """Pods for the given objects: a Pod as it is, a Deployment as `replicas` pods of its template.
-
-    No kube-controller-manager runs in the local control plane, so this stands in for the
-    ReplicaSet controller (the pods it makes are what that controller would create).
-    """
-    pods: list[Pod] = []
-    for doc in docs:
-        kind = doc.get("kind")
-        if kind == "Pod":
-            pod = json.loads(json.dumps(doc))
-            pod["metadata"]["namespace"] = namespace
-            pods.append(pod)
-        elif kind in ("Deployment", "ReplicaSet", "StatefulSet"):
-            template = doc["spec"]["template"]
-            for i in range(int(doc["spec"].get("replicas", 1))):
-                meta = json.loads(json.dumps(template.get("metadata") or {}))
-                meta.update(name=f"{doc['metadata']['name']}-{i}", namespace=namespace)
-                pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": dict(template["spec"])})
-        else:
-            raise ValueError(f"cannot run a {kind} here: only Pods and Deployments")
-    return pods
