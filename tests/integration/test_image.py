@@ -3,6 +3,8 @@ commit give the same file list. Needs root and the network (Debian archive, PyPI
 
 from __future__ import annotations
 
+import json
+import subprocess
 import tarfile
 
 import pytest
@@ -46,3 +48,29 @@ def test_two_builds_give_the_same_file_list(tmp_path):
     assert [e[0] for e in after] == [e[0] for e in before]
     assert after == before  # types, modes, owners and links too
     assert again.kube_scheduler.digest == first.kube_scheduler.digest
+
+
+def test_archives_read_by_another_implementation_and_converted_for_docker_load(tmp_path):
+    """skopeo (containers/image, not our code) reads each OCI archive and writes the `docker save`
+    format that every Docker's `docker load` reads: the README's path for Docker users."""
+    images = product_images()
+    for image in (images.gpushare, images.kube_scheduler):
+        inspected = subprocess.run(
+            ["skopeo", "inspect", "--config", f"oci-archive:{image.archive}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        _, config = oci_manifest_and_config(image.archive)
+        assert json.loads(inspected.stdout)["rootfs"] == config["rootfs"]
+        out = tmp_path / f"{image.archive.stem}.docker.tar"
+        subprocess.run(
+            ["skopeo", "copy", "-q", f"oci-archive:{image.archive}", f"docker-archive:{out}:{image.ref}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        with tarfile.open(out) as tar:
+            manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        assert manifest[0]["RepoTags"] == [image.ref]
+        assert len(manifest[0]["Layers"]) == len(config["rootfs"]["diff_ids"])
