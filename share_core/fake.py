@@ -198,15 +198,20 @@ class FakeKube:
             self._notify("nodes", "MODIFIED", node)
             return copy.deepcopy(node)
 
-    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str | None]) -> Obj:
         self._enter("patch_node_capacity")
         with self._lock:
             node = self.nodes.get(name)
             if node is None:
                 raise NotFound(f"node {name} not found", 404, "NotFound")
             status = node.setdefault("status", {})
-            status.setdefault("capacity", {}).update(capacity)
-            status.setdefault("allocatable", {}).update(capacity)
+            for field in ("capacity", "allocatable"):
+                entries = status.setdefault(field, {})
+                for key, value in capacity.items():
+                    if value is None:
+                        entries.pop(key, None)  # merge-patch null removes the key
+                    else:
+                        entries[key] = value
             self._bump(node)
             self._notify("nodes", "MODIFIED", node)
             return copy.deepcopy(node)

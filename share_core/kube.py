@@ -112,8 +112,8 @@ class KubeClient(Protocol):
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj: ...
 
-    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
-        """Set `status.capacity` and `status.allocatable` entries (status subresource)."""
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str | None]) -> Obj:
+        """Set `status.capacity` and `status.allocatable` entries (status subresource); None removes one."""
         ...
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
@@ -332,7 +332,7 @@ class ApiServerClient:
             content_type="application/merge-patch+json",
         )
 
-    def patch_node_capacity(self, name: str, capacity: Mapping[str, str]) -> Obj:
+    def patch_node_capacity(self, name: str, capacity: Mapping[str, str | None]) -> Obj:
         return self._json(
             "PATCH",
             f"/api/v1/nodes/{quote(name)}/status",

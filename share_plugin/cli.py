@@ -9,7 +9,14 @@ import signal
 import sys
 import threading
 
-from share_core.contract import DEFAULT_DEVICE_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET, RESOURCE_MEM, MemoryUnit
+from share_core.contract import (
+    ANN_NODE_GPUS,
+    DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    RESOURCE_COUNT,
+    RESOURCE_MEM,
+    MemoryUnit,
+)
 
 log = logging.getLogger("share_plugin")
 
@@ -43,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=_env_bool("GPUSHARE_MPS", False))
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    p.add_argument(
+        "--unpublish",
+        action="store_true",
+        help=f"remove the {ANN_NODE_GPUS} annotation and {RESOURCE_COUNT} capacity from --node-name, or from "
+        "every node carrying them, then exit (the chart runs this when it is uninstalled)",
+    )
     return p
 
 
@@ -51,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if args.unpublish:
+        return _unpublish(args.kubeconfig, args.node_name)
     if not args.node_name:
         log.error("--node-name (or env NODE_NAME) is required: the plugin serves the pods bound to its node")
         return 2
@@ -116,6 +131,20 @@ def main(argv: list[str] | None = None) -> int:
     starter.join(timeout=5)
     plugin.stop()
     pod_resources.close()
+    return 0
+
+
+def _unpublish(kubeconfig: str | None, node: str | None) -> int:
+    from share_core.kube import ApiServerClient, KubeError
+    from share_plugin.publisher import unpublish
+
+    try:
+        kube = ApiServerClient.from_kubeconfig(kubeconfig, component="gpushare-device-plugin", timeout=10.0)
+        cleaned = unpublish(kube, node)
+    except KubeError as exc:
+        log.error("cannot remove the published GPU state from %s: %s", node or "the nodes", exc)
+        return 1
+    log.info("removed gpushare's GPU state from %d node(s): %s", len(cleaned), ", ".join(cleaned) or "none")
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT
+from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
 from share_core.gpus import GpuInfo, format_node_gpus
 from share_core.kube import KubeClient, KubeError
 from share_core.retry import Backoff
@@ -97,3 +97,27 @@ class Publisher:
                     ANN_NODE_GPUS,
                     ", ".join(f"GPU {g.index} {g.memory} {'healthy' if g.healthy else 'UNHEALTHY'}" for g in desired),
                 )
+
+
+def unpublish(kube: KubeClient, node: str | None = None) -> list[str]:
+    """Remove what plugins published (the GPU annotation, the GPU-count capacity) from `node`, or from
+    every node that carries it: `helm uninstall` must leave no gpushare state on the nodes.
+
+    Returns the nodes cleaned; raises KubeError (the chart's hook Job then fails and says why).
+    """
+    if node is not None:
+        names = [node]
+    else:
+        nodes = kube.list_nodes().items
+        names = [
+            n["metadata"]["name"]
+            for n in nodes
+            if ANN_NODE_GPUS in (n["metadata"].get("annotations") or {})
+            or RESOURCE_COUNT in ((n.get("status") or {}).get("capacity") or {})
+            or (n["metadata"].get("labels") or {}).get(NODE_LABEL) == NODE_LABEL_VALUE
+        ]
+    for name in names:
+        kube.patch_node_annotations(name, {ANN_NODE_GPUS: None})
+        kube.patch_node_capacity(name, {RESOURCE_COUNT: None})
+        log.info("node %s: removed %s and %s", name, ANN_NODE_GPUS, RESOURCE_COUNT)
+    return names

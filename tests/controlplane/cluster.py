@@ -48,6 +48,7 @@ DEFAULT_CONTROLLERS = (
     "garbage-collector-controller",
     "namespace-controller",
     "disruption-controller",
+    "job-controller",  # the chart's uninstall hook is a Job
 )
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"

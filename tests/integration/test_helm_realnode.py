@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE
+from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import CONTROLLER_MANAGER_USER
 from tests.node import RealNode
@@ -347,6 +347,11 @@ def test_helm_uninstall_leaves_nothing_behind(cluster: Cluster) -> None:
     _poll(lambda: not c._ns_exists(SAMPLES_NS), 120, "samples namespace gone (no pod stuck terminating)", c)
     # kubelet drops the resource once the plugin's socket is gone
     _poll(lambda: _node_gpu_mem(c) == 0, 120, "nvidia.com/gpu-mem allocatable back to 0", c)
+    # the chart's pre-delete hook (share-plugin --unpublish) removed what the plugin published on the node
+    node = c.get("node", NODE)
+    assert ANN_NODE_GPUS not in (node["metadata"].get("annotations") or {}), node["metadata"]["annotations"]
+    assert RESOURCE_COUNT not in node["status"].get("capacity", {}), node["status"]["capacity"]
+    assert not c.get("jobs", "-A", "-l", selector)["items"], "the hook Job is deleted once it succeeded"
     TIMINGS["helm_uninstall"] = time.monotonic() - t0
     leftovers = [x["metadata"]["name"] for x in c.get("lease", "-n", NAMESPACE)["items"]]
     print(f"\n[helm-realnode] after uninstall, in {NAMESPACE}: leases {leftovers} (kube-scheduler's, not the chart's)")

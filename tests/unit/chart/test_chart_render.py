@@ -168,6 +168,7 @@ def test_device_plugin_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) ->
     rules = _flatten(h.cluster_role_rules(default_docs, "device-plugin"))
     assert rules == {
         ("", "nodes", "get", ()),
+        ("", "nodes", "list", ()),  # the uninstall hook: share-plugin --unpublish
         ("", "nodes", "patch", ()),
         ("", "nodes/status", "patch", ()),
         ("", "pods", "get", ()),
@@ -579,3 +580,14 @@ def test_release_named_gpushare_gives_short_names(default_docs: list[Obj]) -> No
     assert deployment(default_docs)["metadata"]["name"] == "gpushare-scheduler"
     assert daemonset(default_docs)["metadata"]["name"] == "gpushare-device-plugin"
     assert h.one(default_docs, "Service")["metadata"]["name"] == "gpushare-scheduler"
+
+
+def test_uninstall_hook_cleans_nodes_with_the_plugins_account(default_docs: list[Obj]) -> None:
+    job = next(d for d in default_docs if d["kind"] == "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"].endswith("device-plugin")
+    assert spec["containers"][0]["command"][:2] == ["share-plugin", "--unpublish"]
+    assert spec["containers"][0]["securityContext"]["runAsNonRoot"] is True
+    off = h.render_chart(set_values={"devicePlugin.cleanupOnUninstall": False})
+    assert not [d for d in off if d["kind"] == "Job"]
