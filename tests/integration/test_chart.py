@@ -167,8 +167,9 @@ def _sa(docs: list[Obj], kind: str) -> str:
         (("watch", "pods", "-A"), True),
         (("patch", "pods", "-n", "default"), True),
         (("create", "events", "-n", "default"), True),
-        (("list", "nodes"), False),
+        (("list", "nodes"), True),  # the uninstall hook (share-plugin --unpublish) finds published nodes
         (("update", "nodes"), False),
+        (("delete", "nodes"), False),
         (("delete", "pods", "-n", "default"), False),
         (("create", "pods", "--subresource=binding", "-n", "default"), False),
         (("list", "secrets", "-A"), False),
