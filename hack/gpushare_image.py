@@ -31,7 +31,6 @@ import argparse
 import calendar
 import email.utils
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -47,7 +46,7 @@ if __package__ in (None, ""):  # run as a script: make `hack` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hack import oci
-from hack.node_images import cache_root, k8s_version, sha256_file
+from hack.node_images import cache_root, input_stamp, k8s_version, sha256_file
 
 RECIPE = 1  # bump when the recipe changes in a way the hashed inputs do not show
 HACK = Path(__file__).resolve().parent
@@ -134,7 +133,7 @@ def base_rootfs() -> tuple[Path, dict]:
         "dpkg_excludes": DPKG_EXCLUDES,
         "arch": oci.host_arch(),
     }
-    stamp = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    stamp = input_stamp(inputs)
     out = cache_root() / f"debian-{SUITE}-base_{stamp}"
     done = out / ".done"
     if done.is_file():
@@ -290,7 +289,7 @@ def project_version() -> str:
 
 def cached_build(kind: str, inputs: dict, build, fresh: bool) -> tuple[Path, str]:
     """`build(path) -> digest` once per inputs; returns the cached archive and its digest."""
-    stamp = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    stamp = input_stamp(inputs)
     out_dir = cache_root() / f"{kind}_{stamp}"
     archive, meta = out_dir / f"{kind}.oci.tar", out_dir / "image.json"
     if meta.is_file() and not fresh:

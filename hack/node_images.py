@@ -96,6 +96,11 @@ def is_static_elf(path: Path) -> bool:
     return 3 not in p_types  # PT_INTERP
 
 
+def input_stamp(inputs: dict) -> str:
+    """A short, stable name for a build's inputs: the cache key of every image build here."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -197,8 +202,7 @@ def main() -> int:
         "arch": oci.host_arch(),
         "source_date_epoch": oci.source_date_epoch(),
     }
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
-    out_dir = cache_root() / f"pause-{pause_tag}_busybox-{busybox_tag}_{digest}"
+    out_dir = cache_root() / f"pause-{pause_tag}_busybox-{busybox_tag}_{input_stamp(inputs)}"
     manifest = out_dir / "images.json"
     if manifest.is_file():
         log(f"cache warm: {out_dir}")

@@ -258,7 +258,7 @@ class ApiServerClient:
         same credentials, timeouts and typed errors; the JSON answer, or {} when there is none."""
         return self._json(method, path, body=body, query=query, content_type=content_type)
 
-    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int | None = None) -> str:
+    def pod_log(self, namespace: str, name: str, container: str | None = None, tail_lines: int | None = None) -> str:
         """A container's log through the API server (`pods/log`, served by the node's kubelet)."""
         query = {"container": container, "tailLines": tail_lines}
         return self._open(

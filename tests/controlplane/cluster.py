@@ -176,6 +176,14 @@ def _http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 
         return int(e.code), e.read().decode(errors="replace")
 
 
+def _wait_healthz(proc: ManagedProcess, port: int, timeout: float) -> None:
+    """Wait for a component's /healthz on 127.0.0.1:<port>, served with its own self-signed cert."""
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    wait_until(proc, lambda: _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200, timeout, "healthy")
+
+
 def _b64(path: Path) -> str:
     return base64.b64encode(Path(path).read_bytes()).decode()
 
@@ -386,16 +394,8 @@ class ControlPlane:
             self.log_dir / "kube-scheduler.log",
         )
         self._scheduler = SchedulerHandle(proc, port, config_path, kubeconfig)
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # the scheduler's self-signed serving cert
         try:
-            wait_until(
-                proc,
-                lambda: _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200,
-                timeout,
-                "healthy",
-            )
+            _wait_healthz(proc, port, timeout)
         except BaseException:
             self.stop_scheduler()
             raise
@@ -447,16 +447,8 @@ class ControlPlane:
             self.log_dir / "kube-controller-manager.log",
         )
         self._controller_manager = proc
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE  # its self-signed serving cert
         try:
-            wait_until(
-                proc,
-                lambda: _http_get(f"https://{LOOPBACK}:{self.controller_manager_port}/healthz", insecure)[0] == 200,
-                timeout,
-                "healthy",
-            )
+            _wait_healthz(proc, self.controller_manager_port, timeout)
         except BaseException:
             self.stop_controller_manager()
             raise

@@ -15,12 +15,17 @@ from collections.abc import Iterable
 from io import StringIO
 from typing import Any
 
+import grpc
+
 from share_core.accounting import node_usage
 from share_core.assignment import parse_assignment, pod_annotations, pod_key
 from share_core.contract import ANN_NODE_GPUS, ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES, RESOURCE_MEM, MemoryUnit
 from share_core.gpus import node_gpus
 from share_core.kube import KubeError
 from share_core.request import pod_request
+from share_plugin.api import podresources_v1_pb2 as prpb
+from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
+from share_plugin.backend.sim import parse_sim_gpus
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.gpucluster import GpuCluster, Pod, plugin_argv, wait_for
 from tests.node import RealNode
@@ -107,8 +112,6 @@ class RealGpuNode:
 
     @property
     def units(self) -> int:
-        from share_plugin.backend.sim import parse_sim_gpus
-
         return sum(n_bytes // 1024**3 for _model, n_bytes in parse_sim_gpus(self.sim_gpus))
 
     @property
@@ -164,11 +167,6 @@ class RealGpuNode:
 
     def allocatable_devices(self) -> int:
         """Healthy devices of our resource in kubelet's device manager, asked over PodResources."""
-        import grpc
-
-        from share_plugin.api import podresources_v1_pb2 as prpb
-        from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-
         with grpc.insecure_channel(f"unix://{self.node.pod_resources_socket}") as channel:
             try:
                 resp = prgrpc.PodResourcesListerStub(channel).GetAllocatableResources(

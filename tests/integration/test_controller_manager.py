@@ -6,25 +6,19 @@ deletion is finished by the namespace controller. No pod is made by hand."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.controlplane import ControlPlane
+from tests.controlplane.gpucluster import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def _poll(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"not {what} within {timeout:.0f}s")
+    return wait_for(check, timeout, what, interval=0.3)
 
 
 @pytest.fixture(scope="module")

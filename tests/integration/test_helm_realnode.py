@@ -29,6 +29,7 @@ import yaml
 from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import CONTROLLER_MANAGER_USER
+from tests.controlplane.gpucluster import wait_for
 from tests.node import RealNode
 from tests.node.images import node_images
 from tests.node.product_images import ProductImages, product_images
@@ -91,13 +92,10 @@ class Cluster:
 
 
 def _poll(check, timeout: float, what: str, cluster: Cluster | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not {what} within {timeout:.0f}s\n" + (cluster.describe() if cluster else ""))
+    try:
+        return wait_for(check, timeout, what, interval=0.5)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n" + (cluster.describe() if cluster else "")) from None
 
 
 @pytest.fixture(scope="module")

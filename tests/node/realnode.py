@@ -37,7 +37,6 @@ import os
 import secrets
 import shlex
 import shutil
-import ssl
 import subprocess
 import time
 import urllib.error
@@ -307,23 +306,13 @@ class RealNode:
             raise self._fail(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stdout}{result.stderr}")
         return result
 
-    def pod_log(self, namespace: str, pod: str, container: str | None = None, timeout: float = 30.0) -> str:
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
         """A container's log read through the API server (GET .../pods/<pod>/log): the API server asks
         kubelet, as in production (`kubectl logs`)."""
-        query = {"container": container} if container else {}
-        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
-        url = self.cp.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        cfg = self._admin_cfg
-        context = ssl.create_default_context(cafile=str(self.cp.ca_cert))
-        context.load_cert_chain(cfg.cert_file, cfg.key_file)
-        opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
-        )
         try:
-            with opener.open(url, timeout=timeout) as resp:
-                return resp.read().decode(errors="replace")
-        except urllib.error.HTTPError as e:
-            raise RealNodeError(f"GET {path}: {e.code} {e.read().decode(errors='replace')}") from e
+            return self.admin.pod_log(namespace, pod, container)
+        except KubeError as exc:
+            raise RealNodeError(f"log of {namespace}/{pod} {container or ''}: {exc}") from exc
 
     # ----------------------------------------------------------------- internals
 
