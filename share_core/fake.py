@@ -216,17 +216,33 @@ class FakeKube:
             self._notify("nodes", "MODIFIED", node)
             return copy.deepcopy(node)
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """As BindingREST.setPodNodeAndMetadata (pkg/registry/core/pod/storage/storage.go): UID
+        precondition, refusals as 409 Conflict (assignPod wraps them), annotations merged with nodeName."""
         self._enter("bind_pod")
         with self._lock:
             pod = self.pods.get((namespace, name))
             if pod is None:
                 raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
-            if uid and pod["metadata"].get("uid") != uid:
-                raise Conflict(f"pod {namespace}/{name} has another UID", 409, "Conflict")
-            if pod.get("spec", {}).get("nodeName"):
-                raise Conflict(f"pod {namespace}/{name} is already assigned to node {pod['spec']['nodeName']}", 409)
-            pod.setdefault("spec", {})["nodeName"] = node
+            meta = pod["metadata"]
+            if uid and meta.get("uid") != uid:
+                raise Conflict(
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: {meta.get('uid')}",
+                    409,
+                    "Conflict",
+                )
+            spec = pod.setdefault("spec", {})
+            if meta.get("deletionTimestamp"):
+                raise Conflict(f"pod {name} is being deleted, cannot be assigned to a host", 409, "Conflict")
+            if spec.get("nodeName"):
+                raise Conflict(f'pod {name} is already assigned to node "{spec["nodeName"]}"', 409, "Conflict")
+            if spec.get("schedulingGates"):
+                raise Conflict(f"pod {name} has non-empty .spec.schedulingGates", 409, "Conflict")
+            spec["nodeName"] = node
+            if annotations:
+                meta.setdefault("annotations", {}).update(annotations)
             self.bindings.append((namespace, name, node))
             self._bump(pod)
             self._notify("pods", "MODIFIED", pod)

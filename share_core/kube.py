@@ -116,7 +116,9 @@ class KubeClient(Protocol):
         """Set `status.capacity` and `status.allocatable` entries (status subresource); None removes one."""
         ...
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None: ...
 
     def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None: ...
 
@@ -340,15 +342,26 @@ class ApiServerClient:
             content_type="application/merge-patch+json",
         )
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """Create the pod's Binding; `annotations` land on the pod in the same write.
+
+        The API server merges a Binding's metadata.annotations into the pod atomically with
+        spec.nodeName, under the UID precondition (pkg/registry/core/pod/storage/storage.go,
+        BindingREST.setPodNodeAndMetadata); a pod already bound, being deleted, gated, or of another
+        UID is refused with 409 Conflict, a missing one with 404."""
+        metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            metadata["uid"] = uid
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid or None},
+            "metadata": metadata,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        if not uid:
-            del body["metadata"]["uid"]
         # The response is a Status, not a Binding: read nothing from it.
         self._open("POST", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding", body=body)
 

@@ -21,19 +21,23 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 import share_core
 from share_core.contract import EXTENDER_PREFIX, MemoryUnit
+from share_core.events import EventQueue
 from share_core.kube import KubeClient
 from share_core.request import InvalidRequest, PodRequest
 from share_core.retry import Backoff
 from share_scheduler.binder import Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache, demand_of
 from share_scheduler.extender import (
+    FILTER_KEEPS,
     BadRequest,
     ScoreMemo,
+    best_nodes,
     filter_nodes,
     filter_result,
     invalid_request_message,
     parse_extender_args,
     pod_demand,
+    policy_scores,
     prioritize,
 )
 from share_scheduler.placement import Policy, make_policy
@@ -86,6 +90,19 @@ class Metrics:
             "gpushare_bind_failures", "binds that returned Error, by reason", ["reason"], registry=self.registry
         )
         self.binds = Counter("gpushare_binds", "successful binds", registry=self.registry)
+        self.bind_pod_reads = Counter(
+            "gpushare_bind_pod_reads",
+            "binds that had to read the pod from the API server (filter had not seen it: e.g. after a restart)",
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "gpushare_events_dropped",
+            "Events not posted because the queue was full (the API server is slow)",
+            registry=self.registry,
+        )
+        self.events_failed = Counter(
+            "gpushare_events_failed", "Events the API server refused or did not answer", registry=self.registry
+        )
         self.registry.register(_GpuCollector(cache))
 
 
@@ -112,18 +129,32 @@ def create_app(
     watch_timeout: int = 300,
     assume_ttl: float | None = None,
     sync_backoff: Callable[[], Backoff] = Backoff,
+    filter_keeps: str = "best",
 ) -> Flask:
     """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
-    process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts."""
+    process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts.
+    `filter_keeps`: see extender.FILTER_KEEPS."""
     if isinstance(policy, str):
         policy = make_policy(policy)
+    if filter_keeps not in FILTER_KEEPS:
+        raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
+    keep_best = filter_keeps == "best"
     if cache is None:
         kw: dict[str, Any] = {"unit": unit}
         if assume_ttl is not None:
             kw["assume_ttl"] = assume_ttl
         cache = ClusterCache(**kw)
     metrics = Metrics(cache)
-    binder = Binder(kube, cache, policy, unit, on_failure=lambda r: metrics.bind_failures.labels(r).inc())
+    events = EventQueue(kube, on_drop=metrics.events_dropped.inc, on_error=metrics.events_failed.inc)
+    binder = Binder(
+        kube,
+        cache,
+        policy,
+        unit,
+        on_failure=lambda r: metrics.bind_failures.labels(r).inc(),
+        events=events,
+        on_pod_read=metrics.bind_pod_reads.inc,
+    )
     memo = ScoreMemo(policy)
 
     def observe(req: PodRequest) -> None:
@@ -144,6 +175,7 @@ def create_app(
         "syncer": syncer,
         "metrics": metrics,
         "memo": memo,
+        "events": events,
     }
 
     def timed(verb: str, fn: Callable[[], Response]) -> Response:
@@ -166,8 +198,14 @@ def create_app(
             return _json(filter_result(args, None, {}, {}))  # not ours: pass every node through
         if not cache.synced:
             return _json(filter_result(args, None, {}, {}, "gpushare extender is still syncing its cache; retry"))
-        _, demand = wanted
-        passed, failed, unresolvable = filter_nodes(demand, cache.entries(args.names), unit)
+        request, demand = wanted
+        binder.remember(args.pod, request)
+        entries = cache.entries(args.names)
+        passed, failed, unresolvable = filter_nodes(demand, entries, unit)
+        if keep_best and len(passed) > 1:
+            fitting = set(passed)
+            candidates = [(name, entry) for name, entry in entries if name in fitting]
+            passed = best_nodes(policy_scores(policy, demand, candidates, memo, binder.policy_lock))
         return _json(filter_result(args, passed, failed, unresolvable))
 
     def do_prioritize() -> Response:

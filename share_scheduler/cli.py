@@ -12,6 +12,7 @@ from gunicorn.app.base import BaseApplication
 
 from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
 from share_scheduler.config import DEFAULT_EXTENDER_URL, print_config
+from share_scheduler.extender import FILTER_KEEPS
 from share_scheduler.placement import POLICIES
 
 log = logging.getLogger("share_scheduler")
@@ -54,14 +55,21 @@ class ExtenderServer(BaseApplication):  # type: ignore[misc]
         a = self.args
         kube = ApiServerClient.from_kubeconfig(a.kubeconfig, a.context, component="gpushare-scheduler")
         log.info(
-            "gpushare extender: policy %s, unit %s, %d threads, listening on %s:%d",
+            "gpushare extender: policy %s (filter keeps %s nodes), unit %s, %d threads, listening on %s:%d",
             a.policy,
+            a.filter_keeps,
             a.memory_unit,
             a.threads,
             a.bind_address,
             a.port,
         )
-        return create_app(kube, policy=a.policy, unit=MemoryUnit.parse(a.memory_unit), assume_ttl=a.assume_ttl)
+        return create_app(
+            kube,
+            policy=a.policy,
+            unit=MemoryUnit.parse(a.memory_unit),
+            assume_ttl=a.assume_ttl,
+            filter_keeps=a.filter_keeps,
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--policy", default=d("binpack"), choices=sorted(POLICIES), help="placement policy (default binpack)"
         )
+        p.add_argument(
+            "--filter-keeps",
+            default=d("best"),
+            choices=FILTER_KEEPS,
+            help="filter answers with the policy's best nodes (default; kube-scheduler needs no prioritize "
+            "call) or every fitting node (ranked by prioritize); kube-scheduler's config must match",
+        )
         p.add_argument("--threads", type=int, default=d(8), help="gunicorn threads in the one worker (default 8)")
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
@@ -102,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     cfg.add_argument("--extender-url", default=DEFAULT_EXTENDER_URL, help="extender URL prefix (default %(default)s)")
     cfg.add_argument("--kubeconfig", default=None, help="kubeconfig for kube-scheduler's clientConnection")
     cfg.add_argument(
+        "--filter-keeps",
+        default="best",
+        choices=FILTER_KEEPS,
+        help="best: no prioritizeVerb (the extender's filter already chose); fitting: filter + prioritize",
+    )
+    cfg.add_argument(
         "--leader-elect", action=argparse.BooleanOptionalAction, default=True, help="kube-scheduler leader election"
     )
     serve_flags(parser, with_defaults=True)  # `share-scheduler --port ...` serves, too
@@ -112,7 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "print-config":
         sys.stdout.write(
-            print_config(extender_url=args.extender_url, kubeconfig=args.kubeconfig, leader_elect=args.leader_elect)
+            print_config(
+                extender_url=args.extender_url,
+                kubeconfig=args.kubeconfig,
+                leader_elect=args.leader_elect,
+                filter_keeps=args.filter_keeps,
+            )
         )
         return 0
     if args.threads < 1 or not 0 < args.port < 65536:

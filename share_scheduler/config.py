@@ -36,8 +36,13 @@ def scheduler_config(
     kubeconfig: str | None = None,
     leader_elect: bool = True,
     scheduler_name: str = SCHEDULER_NAME,
+    filter_keeps: str = "best",
 ) -> dict[str, Any]:
-    """The configuration as plain data (tests validate its shape; print_config renders it)."""
+    """The configuration as plain data (tests validate its shape; print_config renders it).
+
+    `filter_keeps` must match the extender's flag: with "best" its filter leaves only the nodes its
+    policy would choose among, so there is no prioritizeVerb (and no weight): one HTTP call per
+    scheduling cycle instead of two."""
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -73,6 +78,9 @@ def scheduler_config(
             }
         ],
     }
+    if filter_keeps == "best":
+        extender = config["extenders"][0]
+        del extender["prioritizeVerb"], extender["weight"]
     if kubeconfig:
         config["clientConnection"] = {"kubeconfig": kubeconfig}
     return config
@@ -82,16 +90,23 @@ HEADER = """\
 # KubeSchedulerConfiguration for the gpushare scheduler extender (share-scheduler print-config).
 # - percentageOfNodesToScore: 100 -- kube-scheduler otherwise scores only a sample of a large
 #   cluster's nodes, and the placement policy cannot pick a node it is never shown.
-# - the extender's prioritize weight ({weight}) dominates: one step of its 0..10 score is worth
-#   {step} points, more than every score plugin left enabled together.
+# - filter keeps {keeps} nodes: {keeps_why}
 # - score plugins that spread pods are disabled for this profile (their filters still run):
 #   {disabled}.
 # - nodeCacheCapable: the extender keeps its own node cache, so kube-scheduler sends node names only.
 """
 
 
+KEEPS_WHY = {
+    "best": "only the nodes the placement policy scores highest pass, so there is\n"
+    "#   no prioritize call; kube-scheduler's remaining score plugins break the policy's ties.",
+    "fitting": "every node the pod fits on passes; the extender's prioritize weight\n"
+    f"#   ({EXTENDER_WEIGHT}) dominates: one step of its 0..10 score is worth {EXTENDER_WEIGHT * 10} points,\n"
+    "#   more than every score plugin left enabled together.",
+}
+
+
 def print_config(**kw: Any) -> str:
-    header = HEADER.format(
-        weight=EXTENDER_WEIGHT, step=EXTENDER_WEIGHT * 10, disabled=", ".join(SCORE_PLUGINS_DISABLED)
-    )
+    keeps = kw.get("filter_keeps", "best")
+    header = HEADER.format(keeps=keeps, keeps_why=KEEPS_WHY[keeps], disabled=", ".join(SCORE_PLUGINS_DISABLED))
     return header + yaml.safe_dump(scheduler_config(**kw), sort_keys=False)

@@ -27,6 +27,10 @@ from share_scheduler.placement import POLICIES, Demand, Policy, WorkloadTable, f
 
 MAX_EXTENDER_PRIORITY = 10
 NEG_INF = float("-inf")
+# What filter answers with (`--filter-keeps`): "best", only the nodes the policy scores highest
+# (kube-scheduler then needs no prioritize call); "fitting", every node the pod fits on, ranked by a
+# prioritize call (the extender's scores added to kube-scheduler's own).
+FILTER_KEEPS = ("best", "fitting")
 SNAPSHOT_MEMO_LIMIT = 64  # answers kept per node snapshot (distinct demands seen while the node is unchanged)
 
 
@@ -170,18 +174,31 @@ UNKNOWN_NODE = "node is not known to the gpushare extender yet (no such node, or
 
 
 def filter_nodes(
-    demand: Demand, entries: Sequence[tuple[str, NodeSnapshot | None]], unit: MemoryUnit
+    demand: Demand,
+    entries: Sequence[tuple[str, NodeSnapshot | None]],
+    unit: MemoryUnit,
+    explain: bool | None = None,
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """Pure: (passing names, FailedNodes, FailedAndUnresolvableNodes)."""
+    """Pure: (passing names, FailedNodes, FailedAndUnresolvableNodes).
+
+    kube-scheduler reads the failed maps only to explain a pod no node can take and to tell which
+    nodes preemption may help (findNodesThatPassExtenders fills the cycle's diagnosis with them), so
+    by default (`explain` None) they are only worked out when no node passes: a pod that has a node
+    gets the short answer. `explain` True or False forces either."""
     passed: list[str] = []
+    unfit: list[tuple[str, NodeSnapshot | None]] = []
+    for name, entry in entries:
+        if entry is not None and node_fits(entry, demand):
+            passed.append(name)
+        else:
+            unfit.append((name, entry))
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    for name, entry in entries:
+    if explain is False or (explain is None and passed):
+        return passed, failed, unresolvable
+    for name, entry in unfit:
         if entry is None:
             failed[name] = UNKNOWN_NODE
-            continue
-        if node_fits(entry, demand):
-            passed.append(name)
             continue
         reason, never = unfit_reason(entry, demand, unit)
         (unresolvable if never else failed)[name] = reason
@@ -310,14 +327,14 @@ def _score(
     return NEG_INF if ev is None else ev[0]
 
 
-def prioritize(
+def policy_scores(
     policy: Policy,
     demand: Demand,
     entries: Sequence[tuple[str, NodeSnapshot | None]],
     memo: ScoreMemo | None = None,
     lock: threading.Lock | None = None,
-) -> list[dict[str, Any]]:
-    """HostPriorityList for the candidate nodes, in request order.
+) -> dict[str, float]:
+    """The policy's raw score per node (-inf: does not fit), in request order.
 
     `lock` (the binder's policy lock) is held only around the policy's own evaluations, not for the
     whole request: with a memo most nodes are a dict lookup."""
@@ -327,24 +344,47 @@ def prioritize(
     if table is None:
         for name, entry in entries:
             raw[name] = NEG_INF if entry is None else _score(policy, demand, entry, guard)
-    else:
-        assert memo is not None
-        get = table.get
-        stored = 0
-        for name, entry in entries:
-            if entry is None:
-                raw[name] = NEG_INF
-                continue
-            score = get(entry.view_id)
-            if score is None:
-                score = table[entry.view_id] = _score(policy, demand, entry, guard)
-                stored += 1
-            raw[name] = score
-        memo.hits += len(raw) - stored
-        if stored:
-            memo.added(stored)
-    scores = normalise_scores(raw)
+        return raw
+    assert memo is not None
+    get = table.get
+    stored = 0
+    for name, entry in entries:
+        if entry is None:
+            raw[name] = NEG_INF
+            continue
+        score = get(entry.view_id)
+        if score is None:
+            score = table[entry.view_id] = _score(policy, demand, entry, guard)
+            stored += 1
+        raw[name] = score
+    memo.hits += len(raw) - stored
+    if stored:
+        memo.added(stored)
+    return raw
+
+
+def prioritize(
+    policy: Policy,
+    demand: Demand,
+    entries: Sequence[tuple[str, NodeSnapshot | None]],
+    memo: ScoreMemo | None = None,
+    lock: threading.Lock | None = None,
+) -> list[dict[str, Any]]:
+    """HostPriorityList for the candidate nodes, in request order."""
+    scores = normalise_scores(policy_scores(policy, demand, entries, memo, lock))
     return [{"Host": name, "Score": scores[name]} for name, _ in entries]
+
+
+def best_nodes(scores: Mapping[str, float]) -> list[str]:
+    """The nodes the policy would choose among: those with its highest score, in request order.
+
+    Filter returning only these makes prioritize unnecessary: kube-scheduler skips scoring when one
+    node is left (schedulePod, "When only one node after predicate, just use it") and otherwise lets
+    its own score plugins break the policy's ties."""
+    top = max(scores.values(), default=NEG_INF)
+    if top == NEG_INF:
+        return []
+    return [name for name, score in scores.items() if score == top]
 
 
 def invalid_request_message(pod: Mapping[str, Any], exc: InvalidRequest) -> str:

@@ -1,10 +1,11 @@
 {{/*
 The KubeSchedulerConfiguration kube-scheduler starts from. Keep it in step with
 `share-scheduler print-config` (tests/unit/chart compares the two):
-  - profile gpushare-scheduler, the extender for filter, prioritize and bind;
+  - profile gpushare-scheduler, the extender for filter and bind (and prioritize with
+    filterKeeps fitting; with best its filter already kept only the policy's best nodes);
   - percentageOfNodesToScore 100: by default kube-scheduler stops looking after a sample of the
     nodes in a large cluster, so the extender would never see the best-fitting GPU;
-  - a dominant extender weight and the score plugins that fight packing turned off: kube-scheduler
+  - (fitting) a dominant extender weight; the score plugins that fight packing turned off: kube-scheduler
     adds its own scores (least-allocated, balanced allocation, topology spread, image locality)
     to ours, and those push pods apart while binpack wants them together.
 kube-scheduler reaches the extender on 127.0.0.1: they share the pod's network namespace.
@@ -35,9 +36,11 @@ profiles:
 extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.port }}/gpushare-scheduler
     filterVerb: filter
+    {{- if eq .Values.scheduler.filterKeeps "fitting" }}
     prioritizeVerb: prioritize
-    bindVerb: bind
     weight: {{ .Values.scheduler.extenderWeight }}
+    {{- end }}
+    bindVerb: bind
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}
     ignorable: false

@@ -463,7 +463,7 @@ def test_scheduler_replicas_and_spread(default_docs: list[Obj], all_docs: list[O
 
 def test_config_change_rolls_the_scheduler(helm: Any) -> None:
     a = deployment(h.render_chart())["spec"]["template"]["metadata"]["annotations"]
-    b = deployment(h.render_chart(set_values={"scheduler.extenderWeight": 7}))["spec"]["template"]["metadata"][
+    b = deployment(h.render_chart(set_values={"scheduler.filterKeeps": "fitting"}))["spec"]["template"]["metadata"][
         "annotations"
     ]
     assert a["checksum/scheduler-config"] != b["checksum/scheduler-config"]
@@ -506,6 +506,16 @@ def test_chart_config_matches_print_config(default_docs: list[Obj], capsys: pyte
     assert "clientConnection" not in chart, "in-cluster credentials of the pod's service account"
 
 
+def test_filter_keeps_decides_prioritize(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    best = h.scheduler_config(default_docs)["extenders"][0]
+    assert "prioritizeVerb" not in best and "weight" not in best  # one HTTP call per scheduling cycle
+    fitting = h.scheduler_config(all_docs)["extenders"][0]
+    assert (fitting["prioritizeVerb"], fitting["weight"]) == ("prioritize", 200)
+    for docs, keeps in ((default_docs, "best"), (all_docs, "fitting")):
+        args = next(c for c in pod_spec(deployment(docs))["containers"] if c["name"] == "extender")["args"]
+        assert f"--filter-keeps={keeps}" in args
+
+
 def test_chart_config_equals_scheduler_configuration_function(default_docs: list[Obj]) -> None:
     from share_scheduler.config import scheduler_config
 
@@ -518,7 +528,9 @@ def test_all_options_config_differs_only_where_values_say(
 ) -> None:
     chart = h.scheduler_config(all_docs)
     s = all_values["scheduler"]
-    printed = _print_config(capsys, "--extender-url", f"http://127.0.0.1:{s['port']}/gpushare-scheduler")
+    printed = _print_config(
+        capsys, "--extender-url", f"http://127.0.0.1:{s['port']}/gpushare-scheduler", "--filter-keeps", "fitting"
+    )
     printed["extenders"][0].update(weight=s["extenderWeight"], httpTimeout=s["httpTimeout"])
     assert _comparable(chart) == _comparable(printed)
     le = chart["leaderElection"]
@@ -533,7 +545,8 @@ def test_config_key_facts(docs: list[Obj]) -> None:
     assert cfg["percentageOfNodesToScore"] == 100
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
     ext = cfg["extenders"][0]
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert ("prioritizeVerb" in ext) == ("weight" in ext)
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     assert ext["managedResources"] == [{"name": "nvidia.com/gpu-mem", "ignoredByScheduler": False}]
     assert re.fullmatch(r"\d+s", ext["httpTimeout"])

@@ -105,6 +105,12 @@ def bind_args(pod: dict[str, Any], node: str) -> dict[str, Any]:
     return {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
 
 
+def schedule(ext: Extender, pod: dict[str, Any], node: str) -> Any:
+    """One kube-scheduler cycle for `pod` onto `node`: filter, then bind (kube-scheduler's order)."""
+    ext.call("filter", filter_args(pod, [node]))
+    return ext.call("bind", bind_args(pod, node))
+
+
 class Extender:
     """An app over a FakeKube with its sync threads running; stopped at teardown."""
 

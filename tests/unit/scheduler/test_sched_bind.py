@@ -4,13 +4,24 @@ cache always converges to what the API server's annotations say."""
 from __future__ import annotations
 
 import random
+import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from share_core.contract import ANN_GPU_INDEX
 from share_core.fake import FakeKube
-from share_core.kube import Conflict, Gone, KubeError, Unavailable
-from tests.unit.scheduler.conftest import bind_args, capacity, make_node, make_pod, truth, wait_until
+from share_core.kube import Gone, KubeError, Unavailable
+from tests.unit.scheduler.conftest import (
+    bind_args,
+    capacity,
+    filter_args,
+    make_node,
+    make_pod,
+    schedule,
+    truth,
+    wait_until,
+)
 
 
 def over_committed(kube: FakeKube) -> list[str]:
@@ -60,6 +71,7 @@ def test_200_concurrent_binds_on_one_node(kube, extender_factory):
     assert 32 - used < smallest_loser or max(16 - u for u in truth(kube)["node-a"].values()) < smallest_loser
     ext.settle()
     assert ext.cache.usage() == truth(kube)
+    assert ext.parts["events"].flush()
     events = [e for e in kube.events if e["reason"] == "GPUShareAssigned"]
     assert len(events) == len(winners)
 
@@ -70,122 +82,217 @@ def test_restart_mid_burst(kube, extender_factory):
     pods = [kube.add_pod(make_pod(f"p{i}", 3)) for i in range(40)]
     first = extender_factory().wait_ready()
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda p: first.post("bind", bind_args(p, "node-a")), pods[:8]))
-    # Crash between the annotation patch and the Binding: annotations on an unbound pod.
+        list(pool.map(lambda p: schedule(first, p, "node-a"), pods[:8]))
+    # Killed inside the Binding call: one call records the GPU and binds, so nothing is half-done.
     kube.fail("bind_pod", RuntimeError("process killed"))
-    body = first.call("bind", bind_args(pods[8], "node-a"))
+    body = schedule(first, pods[8], "node-a")
     assert "unexpected error" in body["Error"]
-    assert kube.pods[("default", "p8")]["metadata"]["annotations"].get(ANN_GPU_INDEX) is not None
+    assert ANN_GPU_INDEX not in kube.pods[("default", "p8")]["metadata"]["annotations"]
+    assert "nodeName" not in kube.pods[("default", "p8")]["spec"]
     first.stop()
     kube.close_watches()
 
     second = extender_factory().wait_ready()
     assert second.cache.usage() == truth(kube)  # rebuilt exactly from annotations
-    assert second.cache.usage()["node-a"] == {0: 15, 1: 9}  # binpack; p8's stale annotations count nowhere
+    assert second.cache.usage()["node-a"] == {0: 15, 1: 9}  # binpack
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda p: second.post("bind", bind_args(p, "node-b")), pods[8:]))
-    assert sum(1 for _, b in results if b["Error"] == "") == 10  # 5 x 3 GiB per 16 GiB GPU
+        results = list(pool.map(lambda p: schedule(second, p, "node-b"), pods[8:]))
+    assert sum(1 for b in results if b["Error"] == "") == 10  # 5 x 3 GiB per 16 GiB GPU
     assert over_committed(kube) == []
     second.settle()
     third = extender_factory().wait_ready()
     assert third.cache.usage() == truth(kube) == second.cache.usage()
 
 
-def test_patch_conflict_is_retried(kube, extender_factory):
+def test_bind_is_one_api_call_after_filter(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
-    kube.fail("patch_pod_annotations", Conflict("changed", 409), times=2)
-    body = ext.call("bind", bind_args(pod, "node-a"))
-    assert body == {"Error": ""}
-    assert kube.calls["patch_pod_annotations"] == 3
-    assert kube.pods[("default", "p")]["spec"]["nodeName"] == "node-a"
+    filtered = ext.call("filter", filter_args(pod, ["node-a"]))
+    assert filtered["NodeNames"] == ["node-a"]
+    before = dict(kube.calls)
+    assert ext.call("bind", bind_args(pod, "node-a")) == {"Error": ""}
+    made = {m: n - before.get(m, 0) for m, n in kube.calls.items() if n != before.get(m, 0)}
+    assert made == {"bind_pod": 1}, made  # no GET, no PATCH: the Binding carries the annotations
+    stored = kube.pods[("default", "p")]
+    assert stored["spec"]["nodeName"] == "node-a"
+    assert stored["metadata"]["annotations"][ANN_GPU_INDEX] == "0"
+    assert ext.parts["events"].flush()
+    assert [e["reason"] for e in kube.events] == ["GPUShareAssigned"]
     ext.settle()
 
 
-def test_patch_conflict_from_a_real_concurrent_writer(kube, extender_factory):
+def test_bind_reads_the_pod_when_filter_did_not_see_it(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
-    kube.add_pod(make_pod("p", 4))
+    pod = kube.add_pod(make_pod("p", 4))
+    ext = extender_factory().wait_ready()  # e.g. restarted between kube-scheduler's filter and bind
+    assert ext.call("bind", bind_args(pod, "node-a")) == {"Error": ""}
+    assert kube.calls["get_pod"] == 1 and kube.calls["bind_pod"] == 1
+    metrics = ext.client.get("/metrics").get_data(as_text=True)
+    assert "gpushare_bind_pod_reads_total 1.0" in metrics
+    ext.settle()
+
+
+def test_a_concurrent_writer_does_not_disturb_bind(kube, extender_factory):
+    kube.add_node(make_node("node-a", [16]))
+    pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
-    stale = kube.get_pod("default", "p")
+    ext.call("filter", filter_args(pod, ["node-a"]))
     kube.update_pod("default", "p", lambda p: p["metadata"].setdefault("labels", {}).update(x="y"))
-    ext.parts["binder"].kube = _StaleFirstRead(kube, stale)
-    body = ext.call("bind", bind_args(stale, "node-a"))
-    assert body == {"Error": ""}
+    assert ext.call("bind", bind_args(pod, "node-a")) == {"Error": ""}  # UID precondition only
     assert kube.pods[("default", "p")]["metadata"]["labels"] == {"x": "y"}
     assert kube.pods[("default", "p")]["metadata"]["annotations"][ANN_GPU_INDEX] == "0"
 
 
-class _StaleFirstRead:
-    """A client whose first get_pod returns an old version: the patch must then Conflict."""
-
-    def __init__(self, kube, stale):
-        self._kube, self._stale = kube, stale
-
-    def get_pod(self, ns, name):
-        stale, self._stale = self._stale, None
-        return stale if stale is not None else self._kube.get_pod(ns, name)
-
-    def __getattr__(self, name):
-        return getattr(self._kube, name)
-
-
-def test_conflicts_forever_give_up(kube, extender_factory):
+def test_recreated_pod_is_refused_by_the_uid_precondition(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
-    kube.fail("patch_pod_annotations", Conflict("changed", 409), times=10)
+    ext.call("filter", filter_args(pod, ["node-a"]))
+    kube.delete_pod("default", "p")
+    twin = make_pod("p", 4)
+    twin["metadata"]["uid"] = "uid-new"
+    kube.add_pod(twin)
     body = ext.call("bind", bind_args(pod, "node-a"))
-    assert "kept changing" in body["Error"]
+    assert "deleted and re-created" in body["Error"]
+    assert "nodeName" not in kube.pods[("default", "p")]["spec"]
+    ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 0}
-    assert kube.bindings == []
 
 
-def test_patch_500_rolls_back(kube, extender_factory):
+def test_binding_already_bound_by_our_lost_answer_is_success(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
-    kube.fail("patch_pod_annotations", Unavailable("HTTP 500", 500))
+    assert schedule(ext, pod, "node-a") == {"Error": ""}
+    # kube-scheduler timed out on that answer and binds again: 409 "already assigned", ours.
+    assert schedule(ext, pod, "node-a") == {"Error": ""}
+    assert len(kube.bindings) == 1
+    ext.settle()
+    assert ext.cache.usage()["node-a"] == {0: 4}
+
+
+def test_binding_refused_because_bound_elsewhere(kube, extender_factory):
+    for n in ("node-a", "node-b"):
+        kube.add_node(make_node(n, [16]))
+    pod = kube.add_pod(make_pod("p", 4))
+    ext = extender_factory().wait_ready()
+    ext.call("filter", filter_args(pod, ["node-a"]))
+    kube.bind_pod("default", "p", pod["metadata"]["uid"], "node-b")  # someone else bound it
     body = ext.call("bind", bind_args(pod, "node-a"))
-    assert "could not record the GPU assignment" in body["Error"]
+    assert "already bound to node node-b" in body["Error"]
+    ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 0}
-    assert kube.events[-1]["reason"] == "FailedGPUShareBinding"
     metrics = ext.client.get("/metrics").get_data(as_text=True)
-    assert 'gpushare_bind_failures_total{reason="api_error"} 1.0' in metrics
-    # kube-scheduler retries: now it works.
-    body = ext.call("bind", bind_args(pod, "node-a"))
-    assert body == {"Error": ""}
+    assert 'gpushare_bind_failures_total{reason="already_bound"} 1.0' in metrics
 
 
-def test_binding_failure_removes_annotations(kube, extender_factory):
+def test_binding_failure_leaves_nothing_and_frees_the_reservation(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
     kube.fail("bind_pod", KubeError("HTTP 403: forbidden", 403))
-    body = ext.call("bind", bind_args(pod, "node-a"))
+    body = schedule(ext, pod, "node-a")
     assert "could not bind pod default/p to node node-a" in body["Error"]
     assert ANN_GPU_INDEX not in kube.pods[("default", "p")]["metadata"]["annotations"]
     assert ext.cache.usage()["node-a"] == {0: 0}
+    assert ext.parts["events"].flush()
+    assert kube.events[-1]["reason"] == "FailedGPUShareBinding"
+    metrics = ext.client.get("/metrics").get_data(as_text=True)
+    assert 'gpushare_bind_failures_total{reason="api_error"} 1.0' in metrics
+    # kube-scheduler retries: now it works.
+    assert schedule(ext, pod, "node-a") == {"Error": ""}
     ext.settle()
 
 
-def test_binding_500_but_pod_not_bound_rolls_back(kube, extender_factory):
+def test_binding_500_but_pod_not_bound_frees_the_reservation(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
     kube.fail("bind_pod", Unavailable("HTTP 500", 500))
-    body = ext.call("bind", bind_args(pod, "node-a"))
+    body = schedule(ext, pod, "node-a")
     assert "HTTP 500" in body["Error"]
     assert ANN_GPU_INDEX not in kube.pods[("default", "p")]["metadata"]["annotations"]
     ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 0}
 
 
+def test_a_failed_bind_behind_a_later_reservation_on_the_same_gpu(kube, extender_factory):
+    """Binds to one node pipeline: A reserves, B reserves behind it on the same GPU, A's Binding fails.
+
+    Only A's reservation goes; B keeps its GPU, and the space A held is free for the next pod."""
+    kube.add_node(make_node("node-a", [16]))
+    a, b, c = (kube.add_pod(make_pod(n, 6)) for n in ("a", "b", "c"))
+    ext = extender_factory().wait_ready()
+    for p in (a, b, c):
+        ext.call("filter", filter_args(p, ["node-a"]))
+    a_reserved, release_a = threading.Event(), threading.Event()
+    real_bind = kube.bind_pod
+
+    def slow_failing_bind(namespace, name, uid, node, annotations=None):
+        if name == "a":
+            a_reserved.set()
+            release_a.wait(5)
+            raise Unavailable("HTTP 503: etcd leader changed", 503)
+        return real_bind(namespace, name, uid, node, annotations)
+
+    kube.bind_pod = slow_failing_bind
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ext.call, "bind", bind_args(a, "node-a"))
+        assert a_reserved.wait(5)
+        assert ext.cache.usage()["node-a"] == {0: 6}  # A's reservation counts while its call waits
+        assert ext.call("bind", bind_args(b, "node-a")) == {"Error": ""}  # not held up by A's call
+        assert ext.cache.usage()["node-a"] == {0: 12}
+        release_a.set()
+        assert "HTTP 503" in first.result(5)["Error"]
+    assert ext.cache.usage()["node-a"] == {0: 6}  # only A's reservation went
+    assert kube.pods[("default", "b")]["metadata"]["annotations"][ANN_GPU_INDEX] == "0"
+    assert ext.call("bind", bind_args(c, "node-a")) == {"Error": ""}  # A's space is C's now
+    assert over_committed(kube) == []
+    ext.settle()
+    assert ext.cache.usage()["node-a"] == {0: 12}
+
+
+def test_binds_to_one_node_pipeline(kube, extender_factory):
+    kube.add_node(make_node("node-a", [80]))
+    pods = [kube.add_pod(make_pod(f"p{i}", 4)) for i in range(10)]
+    ext = extender_factory().wait_ready()
+    for p in pods:
+        ext.call("filter", filter_args(p, ["node-a"]))
+    kube.delay("bind_pod", 0.3, times=10)
+    start = time.monotonic()
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda p: ext.call("bind", bind_args(p, "node-a")), pods))
+    took = time.monotonic() - start
+    assert all(r == {"Error": ""} for r in results)
+    assert took < 1.5, f"10 binds to one node with 0.3 s API calls took {took:.2f} s: they queued"
+    assert over_committed(kube) == []
+    ext.settle()
+    assert ext.cache.usage()["node-a"] == {0: 40}
+
+
+def test_slow_events_never_hold_a_bind(kube, extender_factory):
+    kube.add_node(make_node("node-a", [80]))
+    pods = [kube.add_pod(make_pod(f"p{i}", 1)) for i in range(6)]
+    ext = extender_factory().wait_ready()
+    events = ext.parts["events"]
+    events._queue.maxsize = 2  # a tiny queue, to see drops
+    kube.delay("create_event", 1.0, times=10)
+    start = time.monotonic()
+    for p in pods:
+        assert schedule(ext, p, "node-a") == {"Error": ""}
+    assert time.monotonic() - start < 0.9  # no bind waited on an Event
+    metrics = ext.client.get("/metrics").get_data(as_text=True)
+    dropped = float(re.search(r"^gpushare_events_dropped_total (\S+)$", metrics, re.M).group(1))
+    assert dropped >= 3  # one being posted, two queued, the rest dropped and counted
+    assert events.dropped == dropped
+
+
 class _BindThenTimeout(FakeKube):
     """The Binding is created but the response is lost (a timeout)."""
 
-    def bind_pod(self, namespace, name, uid, node):
-        super().bind_pod(namespace, name, uid, node)
+    def bind_pod(self, namespace, name, uid, node, annotations=None):
+        super().bind_pod(namespace, name, uid, node, annotations)
         raise Unavailable("POST binding: API server unreachable or timed out: read timeout")
 
 
@@ -197,7 +304,7 @@ def test_binding_timeout_but_bound_is_success(extender_factory):
 
     ext = Extender(kube).wait_ready()
     try:
-        body = ext.call("bind", bind_args(pod, "node-a"))
+        body = schedule(ext, pod, "node-a")
         assert body == {"Error": ""}
         assert kube.pods[("default", "p")]["metadata"]["annotations"][ANN_GPU_INDEX] == "0"
         ext.settle()
@@ -211,12 +318,16 @@ def test_binding_timeout_unknown_outcome_keeps_assumption(kube, extender_factory
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
     ext = extender_factory().wait_ready()
+    ext.call("filter", filter_args(pod, ["node-a"]))
     kube.fail("bind_pod", Unavailable("timed out"))
     kube.fail("get_pod", Unavailable("timed out"))
-    ext.parts["binder"]._read_pod = lambda args: kube.pods[("default", "p")]  # first read succeeds
     body = ext.call("bind", bind_args(pod, "node-a"))
     assert "unknown outcome" in body["Error"]
     # Still counted (the Binding may exist); it expires unless the watch shows the pod bound.
+    assert ext.cache.usage()["node-a"] == {0: 4}
+    # kube-scheduler retries the pod: the new reservation replaces the old one, never adds to it.
+    assert schedule(ext, pod, "node-a") == {"Error": ""}
+    ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 4}
 
 

@@ -70,10 +70,20 @@ def test_print_config_shape(capsys):
     (ext,) = cfg["extenders"]
     assert set(ext) <= EXTENDER_FIELDS
     assert ext["urlPrefix"] == "http://10.0.0.1:9999/gpushare-scheduler"
-    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert "prioritizeVerb" not in ext and "weight" not in ext  # filter keeps the policy's best nodes
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     assert ext["managedResources"] == [{"name": "nvidia.com/gpu-mem", "ignoredByScheduler": False}]
-    assert ext["httpTimeout"].endswith("s") and ext["weight"] >= 1
+    assert ext["httpTimeout"].endswith("s")
+
+
+def test_print_config_fitting_ranks_with_a_dominant_weight(capsys):
+    assert main(["print-config", "--filter-keeps", "fitting"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    disabled = {p["name"] for p in cfg["profiles"][0]["plugins"]["score"]["disabled"]}
+    (ext,) = cfg["extenders"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["weight"] >= 1
     # One step of our score (1 x weight x 10) outweighs every default score plugin left on (weight x 100).
     default_weights = {"TaintToleration": 3, "NodeAffinity": 2, "InterPodAffinity": 2, "VolumeBinding": 1}
     left_on = sum(w for name, w in default_weights.items() if name not in disabled) * 100

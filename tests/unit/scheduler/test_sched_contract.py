@@ -50,6 +50,13 @@ def test_filter_node_names_exact(cluster):
     assert body["Error"] == ""
     assert body["Nodes"] is None
     assert body["NodeNames"] == ["node-a"]
+    # A pod that has a node gets the short answer: kube-scheduler reads the failed maps only to
+    # explain an unschedulable pod and to pick preemption candidates.
+    assert body["FailedNodes"] == body["FailedAndUnresolvableNodes"] == {}
+    without_a = KUBE_SCHEDULER_FILTER.replace('"node-a", ', "")
+    resp = cluster.client.post(f"{PREFIX}/filter", data=without_a, content_type="application/json")
+    body = json.loads(resp.data)
+    assert body["Error"] == "" and body["NodeNames"] == []
     assert body["FailedNodes"] == {
         "node-b": "GPUs free: 0:6 GiB, 1:16 GiB (unhealthy); pod needs 8 GiB on one GPU of model a100"
     }
@@ -73,13 +80,17 @@ def test_filter_full_nodes_list(cluster):
     assert body["NodeNames"] is None
     assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-a"]
     assert body["Nodes"]["kind"] == "NodeList"
-    assert "node-c" in body["FailedAndUnresolvableNodes"]
+    nodes["items"] = nodes["items"][1:]
+    status, body = cluster.post("filter", {"Pod": make_pod("p", 8), "Nodes": nodes, "NodeNames": None})
+    assert body["Nodes"]["items"] == [] and "node-c" in body["FailedAndUnresolvableNodes"]
 
 
 def test_filter_multi_gpu(cluster):
     status, body = cluster.post("filter", filter_args(make_pod("p", 16, count=2), ["node-a", "node-b", "node-c"]))
     assert status == 200
     assert body["NodeNames"] == ["node-a"]
+    status, body = cluster.post("filter", filter_args(make_pod("p", 16, count=2), ["node-b", "node-c"]))
+    assert body["NodeNames"] == []
     assert body["FailedAndUnresolvableNodes"]["node-b"].endswith(
         "pod needs 8 GiB on each of 2 GPUs; no GPU here is that large even when empty"
     )
@@ -96,6 +107,8 @@ def test_filter_pod_without_gpu_mem_passes_everything(cluster):
 def test_filter_unknown_node_is_failed_not_error(cluster):
     status, body = cluster.post("filter", filter_args(make_pod("p", 2), ["node-a", "ghost"]))
     assert status == 200 and body["NodeNames"] == ["node-a"]
+    status, body = cluster.post("filter", filter_args(make_pod("p", 2), ["ghost"]))
+    assert status == 200 and body["NodeNames"] == [] and body["Error"] == ""
     assert "not known to the gpushare extender" in body["FailedNodes"]["ghost"]
 
 
@@ -248,6 +261,7 @@ def test_bind_assigns_and_records(cluster):
     assert ann[ANN_GPU_MEM] == "8" and ann[ANN_ASSIGNED] == "false"
     assert int(ann["gpushare.io/assume-time"]) > 0
     assert kube.bindings == [("ml", "train-1", "node-a")]
+    assert cluster.parts["events"].flush()
     assert kube.events[-1]["reason"] == "GPUShareAssigned"
     assert kube.events[-1]["message"] == "assigned GPU 0 (8 of 16 GiB) on node-a"
     cluster.settle()
@@ -266,6 +280,7 @@ def test_bind_that_does_not_fit_fails_with_event(cluster):
         "pod needs 8 GiB on one GPU"
     )
     assert kube.bindings == []
+    assert cluster.parts["events"].flush()
     assert kube.events[-1]["reason"] == "FailedGPUShareBinding" and kube.events[-1]["type"] == "Warning"
     assert ANN_GPU_INDEX not in kube.pods[("default", "big")]["metadata"]["annotations"]
 

@@ -125,7 +125,9 @@ def test_random_pods_filter_and_prioritize(args):
         )
         failed = set(out["FailedNodes"]) | set(out["FailedAndUnresolvableNodes"])
         assert not set(passed) & failed
-        assert set(passed) | failed == set(names)
+        assert set(passed) | failed <= set(names)
+        if not passed:  # only then does kube-scheduler read the reasons: every node has one
+            assert failed == set(names)
         assert all(isinstance(r, str) and r for r in [*out["FailedNodes"].values()])
     status, scores = post("prioritize", raw)
     if status == 200:

@@ -1,0 +1,94 @@
+"""`--filter-keeps`: best (filter answers with the policy's best nodes, no prioritize call) against
+fitting (every node the pod fits on, ranked by prioritize). Best must pass exactly the nodes that
+prioritize would rank first, so the live placement is the policy's, not a random pick among fits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
+from tests.unit.scheduler.conftest import filter_args, make_node, make_pod
+
+
+def _holder(name: str, node: str, gpu: int, mem: int) -> dict:
+    ann = {ANN_GPU_INDEX: str(gpu), ANN_GPU_UUID: f"GPU-{node}-{gpu}", ANN_GPU_MEM: str(mem), ANN_ASSIGNED: "true"}
+    return make_pod(name, mem, node=node, annotations=ann)
+
+
+@pytest.fixture
+def cluster(kube):
+    kube.add_node(make_node("empty-1", [16, 16]))
+    kube.add_node(make_node("empty-2", [16, 16]))
+    kube.add_node(make_node("tight", [16, 16]))
+    kube.add_node(make_node("small", [4]))
+    kube.add_pod(_holder("h1", "tight", 0, 12))  # 4 GiB left on tight/0: binpack's first choice
+    return kube
+
+
+NAMES = ["empty-1", "empty-2", "tight", "small"]
+
+
+def test_best_passes_only_the_policys_first_choice(cluster, extender_factory):
+    ext = extender_factory(policy="binpack").wait_ready()
+    body = ext.call("filter", filter_args(make_pod("p", 4), NAMES))
+    # tight/0 and small/0 both end exactly full; binpack's score ranks them, and only the top passes.
+    ranked = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(make_pod("p", 4), NAMES))}
+    top = max(ranked.values())
+    assert body["NodeNames"] == [n for n in NAMES if ranked[n] == top]
+    assert "empty-1" not in body["NodeNames"] and "empty-2" not in body["NodeNames"]
+    assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
+
+
+def test_best_keeps_ties_for_kube_scheduler_to_break(cluster, extender_factory):
+    ext = extender_factory(policy="binpack").wait_ready()
+    body = ext.call("filter", filter_args(make_pod("p", 8), ["empty-1", "small", "empty-2"]))
+    assert body["NodeNames"] == ["empty-1", "empty-2"]  # equal states, equal scores: both go on
+
+
+def test_fitting_passes_every_node_the_pod_fits(cluster, extender_factory):
+    ext = extender_factory(policy="binpack", filter_keeps="fitting").wait_ready()
+    body = ext.call("filter", filter_args(make_pod("p", 4), NAMES))
+    assert body["NodeNames"] == NAMES
+    body = ext.call("filter", filter_args(make_pod("p", 8), NAMES))
+    assert body["NodeNames"] == ["empty-1", "empty-2", "tight"]
+
+
+def test_nothing_fits_explains_every_node_in_both_modes(cluster, extender_factory):
+    for keeps in ("best", "fitting"):
+        ext = extender_factory(policy="binpack", filter_keeps=keeps).wait_ready()
+        body = ext.call("filter", filter_args(make_pod("p", 20), NAMES))
+        assert body["NodeNames"] == []
+        assert set(body["FailedAndUnresolvableNodes"]) == set(NAMES)
+
+
+def test_unknown_filter_keeps_is_refused(kube):
+    from share_scheduler.app import create_app
+
+    with pytest.raises(ValueError, match="filter_keeps"):
+        create_app(kube, start_sync=False, filter_keeps="some")
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "frag"])
+def test_best_equals_prioritize_top_on_random_clusters(kube, extender_factory, policy):
+    rng = random.Random(11)
+    names = []
+    for n in range(30):
+        name = f"n{n}"
+        names.append(name)
+        sizes = [rng.choice([16, 24, 40, 80]) for _ in range(rng.choice([1, 2, 4, 8]))]
+        kube.add_node(make_node(name, sizes))
+        for g, size in enumerate(sizes):
+            used = rng.randint(0, size)
+            if used:
+                kube.add_pod(_holder(f"h-{name}-{g}", name, g, used))
+    ext = extender_factory(policy=policy).wait_ready()
+    for i in range(40):
+        mem, count = rng.choice([1, 2, 4, 8, 12, 20]), rng.choice([1, 1, 1, 2])
+        pod = make_pod(f"p{i}", mem * count, count=count if count > 1 else None)
+        body = ext.call("filter", filter_args(pod, names))
+        ranked = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(pod, names))}
+        top = max(ranked.values())
+        expected = [n for n in names if ranked[n] == top] if top > 0 else []
+        assert body["NodeNames"] == expected, (policy, mem, count)
