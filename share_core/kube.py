@@ -163,6 +163,7 @@ class ApiServerClient:
         component: str = "gpushare",
         timeout: float = DEFAULT_TIMEOUT,
         page_size: int = 500,
+        max_connections: int = 16,
     ) -> None:
         self._cfg = configuration
         self.component = component
@@ -172,7 +173,7 @@ class ApiServerClient:
         self._lock = threading.Lock()
         self._pool = urllib3.PoolManager(
             num_pools=4,
-            maxsize=16,
+            maxsize=max_connections,  # kept open per host; more callers at once open (TLS) and drop extras
             cert_reqs=ssl.CERT_REQUIRED if configuration.verify_ssl else ssl.CERT_NONE,
             ca_certs=configuration.ssl_ca_cert,
             cert_file=configuration.cert_file,

@@ -206,6 +206,9 @@ def create_app(
             fitting = set(passed)
             candidates = [(name, entry) for name, entry in entries if name in fitting]
             passed = best_nodes(policy_scores(policy, demand, candidates, memo, binder.policy_lock))
+        if len(passed) == 1:
+            # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
+            binder.hold(args.pod, passed[0], demand)
         return _json(filter_result(args, passed, failed, unresolvable))
 
     def do_prioritize() -> Response:

@@ -167,22 +167,64 @@ class Binder:
         self._bind_with(args, assignment)
         return summary
 
-    def _reserve(self, args: BindArgs, request: PodRequest, demand: Demand) -> tuple[Assignment, str]:
-        """Choose under the node's lock and count the choice before the lock is released."""
-        with self._node_lock(args.node):
-            snap = self.cache.node_snapshot(args.node)
+    def hold(self, pod: Mapping[str, Any], node: str, demand: Demand) -> bool:
+        """Filter left kube-scheduler one node: choose the GPUs now and count them until the bind.
+
+        kube-scheduler's next cycle starts before this pod's bind reaches us; without the hold the
+        next pod's filter would offer the same GPU memory again and one of the two binds would fail
+        ("no longer fits", a retry with backoff). False if the node cannot take the pod any more."""
+        key, uid = _key(pod), _uid(pod)
+        if not uid:
+            return False
+        with self._node_lock(node):
+            if self.cache.assumption(key) is not None:
+                self.cache.forget(key)  # a retried pod: its earlier hold must not count against itself
+            snap = self.cache.node_snapshot(node)
             if snap is None:
-                raise BindError(f"node {args.node} is not known to the gpushare extender", "unknown_node")
+                return False
             with self.policy_lock:
                 chosen = self.policy.choose(snap.state, demand)
             if chosen is None:
-                reason = unfit_reason(snap, demand, self.unit)[0]
-                raise BindError(f"pod {args.key} no longer fits on node {args.node}: {reason}", "no_fit")
-            uuid_of = {g.index: g.uuid for g in snap.gpus}
-            uuids = tuple(uuid_of.get(i, "") for i in chosen)
+                return False
+            self.cache.hold(key, uid, Contribution(node, chosen, demand.per_gpu))
+            return True
+
+    def _reserve(self, args: BindArgs, request: PodRequest, demand: Demand) -> tuple[Assignment, str]:
+        """Choose under the node's lock and count the choice before the lock is released.
+
+        A hold filter made for this pod on this node is the choice (it is already counted)."""
+        with self._node_lock(args.node):
+            held = self.cache.assumption(args.key)
+            wanted = Contribution(args.node, (), demand.per_gpu)
+            if (
+                held is not None
+                and held.held
+                and held.uid == args.uid
+                and held.contribution.node == wanted.node
+                and held.contribution.per_gpu == wanted.per_gpu
+                and len(held.contribution.indices) == demand.count
+            ):
+                chosen = held.contribution.indices
+                snap = self.cache.node_snapshot(args.node)
+                if snap is None:
+                    self.cache.forget(args.key)
+                    raise BindError(f"node {args.node} is not known to the gpushare extender", "unknown_node")
+            else:
+                if held is not None:
+                    self.cache.forget(args.key)  # held elsewhere: kube-scheduler chose otherwise
+                snap = self.cache.node_snapshot(args.node)
+                if snap is None:
+                    raise BindError(f"node {args.node} is not known to the gpushare extender", "unknown_node")
+                with self.policy_lock:
+                    chosen = self.policy.choose(snap.state, demand)
+                if chosen is None:
+                    reason = unfit_reason(snap, demand, self.unit)[0]
+                    raise BindError(f"pod {args.key} no longer fits on node {args.node}: {reason}", "no_fit")
             self.cache.assume(args.key, args.uid, Contribution(args.node, chosen, demand.per_gpu))
+        uuid_of = {g.index: g.uuid for g in snap.gpus}
+        uuids = tuple(uuid_of.get(i, "") for i in chosen)
         total = {g.index: g.memory for g in snap.gpus}
-        gpus = ", ".join(f"GPU {i} ({demand.per_gpu} of {total[i]} {self.unit.value})" for i in chosen)
+        gpus = ", ".join(f"GPU {i} ({demand.per_gpu} of {total.get(i, '?')} {self.unit.value})" for i in chosen)
         assignment = Assignment(chosen, uuids, request.total, self._clock_ns(), assigned=False)
         return assignment, f"assigned {gpus} on {args.node}"
 

@@ -18,6 +18,7 @@ import itertools
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from share_scheduler.placement import Demand, GpuSlot, NodeState, NodeView, node
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL = 300.0  # seconds an assumed pod counts without the API server confirming its Binding
+HOLD_TTL = 30.0  # seconds filter's hold on a node's GPUs waits for the pod's bind
 VIEW_INTERN_LIMIT = 50_000  # distinct node views remembered for sharing view ids (at least 4 per node)
 
 
@@ -62,6 +64,7 @@ class Assumed:
     uid: str
     contribution: Contribution
     since: float
+    held: bool = False  # held by filter for a bind still to come (short-lived), not chosen by bind
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
@@ -180,6 +183,8 @@ class ClusterCache:
         self._nodes: dict[str, NodeEntry] = {}
         self._pods: dict[str, PodRecord] = {}
         self._assumed: TTLCache[str, Assumed] = TTLCache(maxsize=1_000_000, ttl=assume_ttl, timer=timer)
+        self.hold_ttl = min(HOLD_TTL, assume_ttl)
+        self._hold_deadlines: OrderedDict[str, float] = OrderedDict()  # key -> deadline, oldest first
         self._counted: dict[str, Contribution] = {}  # what each pod currently adds to the used vectors
         self._by_node: dict[str, set[str]] = {}  # node -> keys in _counted on it (recount without a scan)
         self._seen_requests: set[str] = set()  # pods already reported to on_new_pod (uid or key)
@@ -248,6 +253,25 @@ class ClusterCache:
                 self._assumed.ttl,
             )
             self._refresh(key)
+        now = self._timer()
+        deadlines = self._hold_deadlines
+        while deadlines:
+            key, deadline = next(iter(deadlines.items()))
+            if deadline > now:
+                break
+            deadlines.popitem(last=False)
+            assumed = self._assumed.get(key)
+            if assumed is not None and assumed.held:
+                del self._assumed[key]
+                log.info(
+                    "pod %s: filter's hold on node %s GPU %s lapsed: no bind within %.0fs (kube-scheduler chose "
+                    "otherwise or the pod went away); its memory is free again",
+                    key,
+                    assumed.contribution.node,
+                    ",".join(map(str, assumed.contribution.indices)),
+                    self.hold_ttl,
+                )
+                self._refresh(key)
 
     def _recount_node(self, name: str) -> None:
         entry = self._nodes.get(name)
@@ -391,6 +415,28 @@ class ClusterCache:
                 # A stale bound record for this name (a deleted pod we have not heard of): ours wins.
                 self._pods[key] = PodRecord(record.key, uid, "", None)
             self._refresh(key)
+
+    def hold(self, key: str, uid: str, contribution: Contribution) -> None:
+        """Count a pod on GPUs filter expects its bind to take (it left kube-scheduler one node).
+
+        The next pod's filter then sees them taken, as kube-scheduler's own cache already does; the
+        hold lapses after `hold_ttl` unless bind turns it into an assumption (`assume`)."""
+        with self._lock:
+            self._expire()
+            now = self._timer()
+            self._assumed[key] = Assumed(uid, contribution, now, held=True)
+            self._hold_deadlines[key] = now + self.hold_ttl
+            self._hold_deadlines.move_to_end(key)
+            self._refresh(key)
+
+    def assumption(self, key: str) -> Assumed | None:
+        """What the cache counts for a pod not (yet) shown bound: a hold or an assumption."""
+        with self._lock:
+            self._expire()
+            record = self._pods.get(key)
+            if record is not None and record.node:
+                return None
+            return self._assumed.get(key)
 
     def forget(self, key: str) -> None:
         """Roll back an assumption (the bind failed)."""

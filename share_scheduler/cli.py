@@ -53,7 +53,10 @@ class ExtenderServer(BaseApplication):  # type: ignore[misc]
         from share_scheduler.app import create_app
 
         a = self.args
-        kube = ApiServerClient.from_kubeconfig(a.kubeconfig, a.context, component="gpushare-scheduler")
+        # One kept-open connection per serving thread (each bind is one API call), plus the two watches.
+        kube = ApiServerClient.from_kubeconfig(
+            a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
+        )
         log.info(
             "gpushare extender: policy %s (filter keeps %s nodes), unit %s, %d threads, listening on %s:%d",
             a.policy,
@@ -101,7 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
             help="filter answers with the policy's best nodes (default; kube-scheduler needs no prioritize "
             "call) or every fitting node (ranked by prioritize); kube-scheduler's config must match",
         )
-        p.add_argument("--threads", type=int, default=d(8), help="gunicorn threads in the one worker (default 8)")
+        p.add_argument(
+            "--threads",
+            type=int,
+            default=d(32),
+            help="gunicorn threads in the one worker (default 32): kube-scheduler's binds arrive concurrently "
+            "and each waits on the API server; a filter must never queue behind them",
+        )
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
-from tests.unit.scheduler.conftest import filter_args, make_node, make_pod
+from tests.unit.scheduler.conftest import bind_args, filter_args, make_node, make_pod, wait_until
 
 
 def _holder(name: str, node: str, gpu: int, mem: int) -> dict:
@@ -32,9 +32,9 @@ NAMES = ["empty-1", "empty-2", "tight", "small"]
 
 def test_best_passes_only_the_policys_first_choice(cluster, extender_factory):
     ext = extender_factory(policy="binpack").wait_ready()
-    body = ext.call("filter", filter_args(make_pod("p", 4), NAMES))
     # tight/0 and small/0 both end exactly full; binpack's score ranks them, and only the top passes.
     ranked = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(make_pod("p", 4), NAMES))}
+    body = ext.call("filter", filter_args(make_pod("p", 4), NAMES))
     top = max(ranked.values())
     assert body["NodeNames"] == [n for n in NAMES if ranked[n] == top]
     assert "empty-1" not in body["NodeNames"] and "empty-2" not in body["NodeNames"]
@@ -63,6 +63,37 @@ def test_nothing_fits_explains_every_node_in_both_modes(cluster, extender_factor
         assert set(body["FailedAndUnresolvableNodes"]) == set(NAMES)
 
 
+def test_a_lone_node_is_held_until_its_bind(cluster, extender_factory):
+    ext = extender_factory(policy="binpack").wait_ready()
+    first, second = make_pod("first", 4), make_pod("second", 4)
+    for p in (first, second):
+        cluster.add_pod(p)
+    assert ext.call("filter", filter_args(first, NAMES))["NodeNames"] == ["small"]
+    assert ext.cache.usage()["small"] == {0: 4}  # held for first's bind
+    # kube-scheduler's next cycle runs before first's bind arrives: the held memory is not offered.
+    assert ext.call("filter", filter_args(second, NAMES))["NodeNames"] == ["tight"]
+    assert ext.call("bind", bind_args(second, "tight")) == {"Error": ""}
+    assert ext.call("bind", bind_args(first, "small")) == {"Error": ""}
+    assert cluster.pods[("default", "second")]["metadata"]["annotations"][ANN_GPU_INDEX] == "0"
+    ext.settle()
+    assert ext.cache.usage()["tight"] == {0: 16, 1: 0} and ext.cache.usage()["small"] == {0: 4}
+
+
+def test_a_hold_kube_scheduler_did_not_use_is_released(cluster, extender_factory):
+    ext = extender_factory(policy="binpack").wait_ready()
+    ext.cache.hold_ttl = 0.2
+    pod = cluster.add_pod(make_pod("p", 4))
+    assert ext.call("filter", filter_args(pod, NAMES))["NodeNames"] == ["small"]
+    # kube-scheduler bound it elsewhere (say, a Reserve plugin failed on small): the hold moves.
+    assert ext.call("bind", bind_args(pod, "empty-1")) == {"Error": ""}
+    assert ext.cache.usage()["small"] == {0: 0} and ext.cache.usage()["empty-1"] == {0: 4, 1: 0}
+    # A hold no bind ever claims lapses.
+    other = cluster.add_pod(make_pod("q", 4))
+    assert ext.call("filter", filter_args(other, NAMES))["NodeNames"] == ["small"]
+    assert ext.cache.usage()["small"] == {0: 4}
+    wait_until(lambda: ext.cache.usage()["small"] == {0: 0}, timeout=3, what="the hold to lapse")
+
+
 def test_unknown_filter_keeps_is_refused(kube):
     from share_scheduler.app import create_app
 
@@ -87,8 +118,8 @@ def test_best_equals_prioritize_top_on_random_clusters(kube, extender_factory, p
     for i in range(40):
         mem, count = rng.choice([1, 2, 4, 8, 12, 20]), rng.choice([1, 1, 1, 2])
         pod = make_pod(f"p{i}", mem * count, count=count if count > 1 else None)
-        body = ext.call("filter", filter_args(pod, names))
         ranked = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(pod, names))}
+        body = ext.call("filter", filter_args(pod, names))  # a lone best node is then held: state moves on
         top = max(ranked.values())
         expected = [n for n in names if ranked[n] == top] if top > 0 else []
         assert body["NodeNames"] == expected, (policy, mem, count)

@@ -1,0 +1,430 @@
+"""Scheduling throughput through the real kube-scheduler: alone, and with our extender, in one run.
+
+Real etcd, kube-apiserver and kube-scheduler from hack/build-k8s.sh; no kubelets (pods are only
+bound). Creates N nodes of G GPUs, then for each scenario starts a kube-scheduler of its own (the
+`extenders` of a KubeSchedulerConfiguration apply to every profile, so "alone" cannot be a second
+profile of the extender's scheduler), creates M pods at once and waits until all are bound.
+
+Prints per scenario: pods/s (M over first create to last bind seen), scheduling latency p50/p99
+(create to bound, seen by a watch), CPU seconds per 1,000 pods of etcd, kube-apiserver,
+kube-scheduler, the extender and this client, and the extender's own mean filter/bind time. The
+ratio to "alone" at the same client QPS is the figure to read: every process shares the machine's
+cores, so absolute numbers move with the machine, ratios far less.
+
+  python bench/bench_throughput.py                      # 1,000 nodes x 8 GPUs, 2,000 pods
+  python bench/bench_throughput.py --nodes 5000 --qps 1000
+  python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
+  python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+import yaml  # noqa: E402
+
+from share_core.assignment import Assignment  # noqa: E402
+from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM  # noqa: E402
+from share_core.kube import ApiServerClient, KubeError  # noqa: E402
+from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
+from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
+
+NAMESPACE = "bench"
+ALONE = "bench-alone"
+SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
+MODEL = "NVIDIA A100-SXM4-80GB"
+
+
+# --------------------------------------------------------------------------- processes' CPU time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(ppid, user+system seconds) of one process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its descendants (the extender is gunicorn: a master and a worker)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None:
+                stats[int(entry)] = st
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        total += stats[p][1]
+        todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
+    return total
+
+
+# --------------------------------------------------------------------------- cluster objects
+
+
+def gpus_annotation(name: str, gpus: int, mem: int) -> str:
+    items = [{"index": i, "uuid": f"GPU-{name}-{i}", "model": MODEL, "memory": mem, "healthy": True}
+             for i in range(gpus)]  # fmt: skip
+    return orjson.dumps(items).decode()
+
+
+def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int) -> list[str]:
+    names = [f"node-{i:05d}" for i in range(count)]
+
+    def make(name: str) -> None:
+        admin.request(
+            "POST",
+            "/api/v1/nodes",
+            body={
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {"gpushare": "true", "kubernetes.io/hostname": name},
+                    "annotations": {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)},
+                },
+            },
+        )
+        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem)}
+        admin.request(
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            body={"status": {"capacity": res, "allocatable": res, "conditions": [_ready()]}},
+            content_type="application/merge-patch+json",
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, names))
+    return names
+
+
+def _ready() -> dict[str, str]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}  # fmt: skip
+
+
+def pod_body(name: str, scheduler: str, mem: int, node: str | None = None, gpu: int = 0) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "main", "image": "bench", "resources": {"limits": {RESOURCE_MEM: str(mem)}}}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node is not None:
+        spec["nodeName"] = node
+        meta["annotations"] = Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def delete_all_pods(admin: ApiServerClient, timeout: float = 300.0) -> None:
+    admin.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"gracePeriodSeconds": "0"})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"limit": "1"})
+        if not left.get("items"):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("pods were not deleted")
+
+
+# --------------------------------------------------------------------------- one scenario
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    qps: int
+    policy: str | None = None  # None: kube-scheduler alone
+    src: Path = ROOT  # the checkout whose extender runs
+    filter_keeps: str | None = "best"  # None: a checkout without --filter-keeps
+
+    @property
+    def scheduler_name(self) -> str:
+        return ALONE if self.policy is None else "gpushare-scheduler"
+
+
+def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "share_scheduler.cli", "print-config", "--extender-url", extender_url,
+            "--no-leader-elect"]  # fmt: skip
+    if filter_keeps:
+        argv += ["--filter-keeps", filter_keeps]
+    env = dict(os.environ, PYTHONPATH=str(src))
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=src, env=env).stdout
+    return yaml.safe_load(out)
+
+
+def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
+    config = print_config(sc.src, extender_url, sc.filter_keeps)
+    if sc.policy is None:
+        # The same configuration, without the extender: same profile shape, same percentage.
+        del config["extenders"]
+        config["profiles"][0]["schedulerName"] = ALONE
+    config["clientConnection"] = {"qps": sc.qps, "burst": sc.qps}
+    return config
+
+
+def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "share_scheduler.cli", "--port", str(port), "--bind-address", "127.0.0.1",
+            "--kubeconfig", str(cp.admin_kubeconfig), "--policy", str(sc.policy), "--log-level", "INFO"]  # fmt: skip
+    if sc.filter_keeps:
+        argv += ["--filter-keeps", sc.filter_keeps]
+    env = dict(os.environ, PYTHONPATH=str(sc.src))
+    proc = ManagedProcess("extender", argv, workdir / f"extender-{sc.label}.log", env=env, cwd=sc.src)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/readyz", proc, 300)
+    return proc, url
+
+
+def wait_http(url: str, proc: ManagedProcess, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if not proc.alive():
+            raise proc.fail("exited")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise proc.fail(f"{url} not ready in {timeout}s")
+
+
+def extender_means(url: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean seconds per call of each verb, and bind failures by reason, from the extender's metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    failures: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gpushare_bind_failures_total{"):
+            failures[line.split('reason="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        if line.startswith("gpushare_extender_request_seconds_sum{"):
+            verb = line.split('verb="')[1].split('"')[0]
+            sums[verb] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("gpushare_extender_request_seconds_count{"):
+            verb = line.split('verb="')[1].split('"')[0]
+            counts[verb] = float(line.rsplit(" ", 1)[1])
+    return {v: sums[v] / counts[v] for v in sums if counts.get(v)}, failures
+
+
+class BoundWatch:
+    """Records when each pod of the namespace is first seen with a node."""
+
+    def __init__(self, admin: ApiServerClient, expected: int) -> None:
+        self.admin = admin
+        self.expected = expected
+        self.bound: dict[str, float] = {}
+        self.done = threading.Event()
+        rv = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"limit": "1"})["metadata"][
+            "resourceVersion"
+        ]
+        self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
+        self._thread.start()
+
+    def _run(self, rv: str) -> None:
+        while not self.done.is_set():
+            for event in self.admin.watch_pods(rv, field_selector=f"metadata.namespace={NAMESPACE}"):
+                obj = event.object
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if (obj.get("spec") or {}).get("nodeName"):
+                    name = obj["metadata"]["name"]
+                    if name not in self.bound:
+                        self.bound[name] = time.monotonic()
+                        if len(self.bound) >= self.expected:
+                            self.done.set()
+                            return
+
+
+def run_scenario(
+    sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int
+) -> dict[str, Any]:
+    extender = None
+    url = "http://127.0.0.1:1"
+    if sc.policy is not None:
+        extender, url = start_extender(sc, cp, workdir)
+    sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, url + "/gpushare-scheduler")))
+    time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
+    procs: dict[str, Callable[[], float]] = {
+        "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
+        "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
+        "scheduler": lambda: cpu_seconds(sched.pid),
+        "client": lambda: cpu_seconds(os.getpid()),
+    }
+    if extender is not None:
+        procs["extender"] = lambda: cpu_seconds(extender.pid)
+    rng = random.Random(seed)
+    sizes = [rng.choice(SIZES) for _ in range(pods)]
+    watch = BoundWatch(admin, pods)
+    before = {k: f() for k, f in procs.items()}
+    created: dict[str, float] = {}
+    start = time.monotonic()
+
+    def create(i: int) -> None:
+        name = f"p{i:06d}"
+        t = time.monotonic()
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
+        created[name] = t
+
+    with ThreadPoolExecutor(16) as pool:  # the client keeps 16 connections open
+        list(pool.map(create, range(pods)))
+    if not watch.done.wait(600):
+        raise TimeoutError(f"{sc.label}: only {len(watch.bound)}/{pods} pods bound in 600 s")
+    end = max(watch.bound.values())
+    after = {k: f() for k, f in procs.items()}
+    means, failures = extender_means(url) if extender is not None else ({}, {})
+    cp.stop_scheduler()
+    if extender is not None:
+        extender.stop()
+    delete_all_pods(admin)
+    latencies = sorted(watch.bound[n] - created[n] for n in created)
+    return {
+        "label": sc.label,
+        "qps": sc.qps,
+        "pods_per_s": pods / (end - start),
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
+        "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        "extender_ms": {k: v * 1000 for k, v in means.items()},
+        "bind_failures": failures,
+    }
+
+
+# --------------------------------------------------------------------------- time to ready
+
+
+def time_to_ready(cp: ControlPlane, admin: ApiServerClient, nodes: list[str], running: int, gpus: int,
+                  workdir: Path, src: Path, runs: int) -> list[float]:  # fmt: skip
+    """Seconds from starting the extender to its /readyz answering 200, over `running` bound pods."""
+    rng = random.Random(3)
+    t = time.monotonic()
+
+    def make(i: int) -> None:
+        node = nodes[i % len(nodes)]
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                      body=pod_body(f"r{i:06d}", "gpushare-scheduler", rng.choice(SIZES), node, i % gpus))  # fmt: skip
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, range(running)))
+    print(f"# created {running} bound pods in {time.monotonic() - t:.0f} s", file=sys.stderr)
+    out = []
+    for i in range(runs):
+        sc = Scenario(f"ready-{i}", 0, "binpack", src)
+        start = time.monotonic()
+        proc, _ = start_extender(sc, cp, workdir)
+        out.append(time.monotonic() - start)
+        proc.stop()
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
+    ratio = r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan")
+    cpu = r["cpu_ms_per_pod"]
+    cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in ("etcd", "apiserver", "scheduler", "extender", "client") if k in cpu)
+    ext = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["extender_ms"].items()))
+    if r["bind_failures"]:
+        ext += " bind failures: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(r["bind_failures"].items()))
+    return (
+        f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  x{ratio:4.2f}  "
+        f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms/call: {ext}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--gpu-mem", type=int, default=80, help="GiB per GPU")
+    ap.add_argument("--pods", type=int, default=2000)
+    ap.add_argument("--qps", default="50,1000", help="kube-scheduler client QPS values (burst = QPS)")
+    ap.add_argument("--policies", default="binpack,frag")
+    ap.add_argument("--filter-keeps", default="best", choices=["best", "fitting"])
+    ap.add_argument("--baseline-src", type=Path, help="also run this checkout's extender (e.g. a git worktree)")
+    ap.add_argument("--ready", action="store_true", help="measure the extender's time to ready instead")
+    ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
+    ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+
+    qps_values = [int(q) for q in args.qps.split(",")]
+    with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
+        workdir = Path(tmp)
+        cp = ControlPlane(workdir / "cp", k8s_bin_dir())
+        cp.start()
+        try:
+            admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
+            admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
+            t = time.monotonic()
+            nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem)
+            print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB in {time.monotonic() - t:.0f} s; "
+                  f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
+            if args.ready:
+                srcs = [ROOT] + ([args.baseline_src] if args.baseline_src else [])
+                for src in srcs:
+                    times = time_to_ready(cp, admin, nodes, args.running, args.gpus, workdir, src, args.runs)
+                    print(f"time to ready ({src}): " + ", ".join(f"{x:.2f} s" for x in times)
+                          + f"; median {statistics.median(times):.2f} s")  # fmt: skip
+                    delete_all_pods(admin)
+                return 0
+            scenarios = []
+            for qps in qps_values:
+                scenarios.append(Scenario("alone", qps))
+                for policy in args.policies.split(","):
+                    scenarios.append(Scenario(f"{policy}", qps, policy, ROOT, args.filter_keeps))
+                    if args.baseline_src:
+                        scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
+            results = []
+            alone: dict[int, float] = {}
+            for sc in scenarios:
+                r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed)
+                if sc.policy is None:
+                    alone[sc.qps] = r["pods_per_s"]
+                results.append(r)
+                print(fmt_row(r, alone), flush=True)
+            print(f"\n# {args.nodes} nodes, {args.pods} pods; x = pods/s over kube-scheduler alone at that QPS")
+            for r in results:
+                print(fmt_row(r, alone))
+        except (KubeError, TimeoutError) as exc:
+            print(f"bench failed: {exc}\n{cp.logs()}", file=sys.stderr)
+            return 1
+        finally:
+            cp.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
