@@ -38,19 +38,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import orjson  # noqa: E402
 import yaml  # noqa: E402
 
 from share_core.assignment import Assignment  # noqa: E402
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 
 NAMESPACE = "bench"
 ALONE = "bench-alone"
 SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
-MODEL = "NVIDIA A100-SXM4-80GB"
 
 
 # --------------------------------------------------------------------------- processes' CPU time
@@ -68,8 +66,11 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, descendants: bool = True) -> float:
     """CPU time of a process and its descendants (the extender is gunicorn: a master and a worker)."""
+    if not descendants:
+        st = _stat(pid)
+        return st[1] if st else 0.0
     stats = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -90,59 +91,19 @@ def cpu_seconds(pid: int) -> float:
 # --------------------------------------------------------------------------- cluster objects
 
 
-def gpus_annotation(name: str, gpus: int, mem: int) -> str:
-    items = [{"index": i, "uuid": f"GPU-{name}-{i}", "model": MODEL, "memory": mem, "healthy": True}
-             for i in range(gpus)]  # fmt: skip
-    return orjson.dumps(items).decode()
-
-
 def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int) -> list[str]:
     names = [f"node-{i:05d}" for i in range(count)]
-
-    def make(name: str) -> None:
-        admin.request(
-            "POST",
-            "/api/v1/nodes",
-            body={
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {"gpushare": "true", "kubernetes.io/hostname": name},
-                    "annotations": {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)},
-                },
-            },
-        )
-        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem)}
-        admin.request(
-            "PATCH",
-            f"/api/v1/nodes/{name}/status",
-            body={"status": {"capacity": res, "allocatable": res, "conditions": [_ready()]}},
-            content_type="application/merge-patch+json",
-        )
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, names))
+    create_bare_nodes(admin, names, gpus, mem)
     return names
 
 
-def _ready() -> dict[str, str]:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": now,
-            "lastTransitionTime": now}  # fmt: skip
-
-
 def pod_body(name: str, scheduler: str, mem: int, node: str | None = None, gpu: int = 0) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": NAMESPACE}
-    spec: dict[str, Any] = {
-        "schedulerName": scheduler,
-        "containers": [{"name": "main", "image": "bench", "resources": {"limits": {RESOURCE_MEM: str(mem)}}}],
-        "terminationGracePeriodSeconds": 0,
-    }
-    if node is not None:
-        spec["nodeName"] = node
-        meta["annotations"] = Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    pod = gpu_pod(NAMESPACE, name, scheduler, mem)
+    if node is not None:  # already bound, with its GPU recorded (a cluster that is running)
+        pod["spec"]["nodeName"] = node
+        ann = Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+        pod["metadata"]["annotations"] = ann
+    return pod
 
 
 def delete_all_pods(admin: ApiServerClient, timeout: float = 300.0) -> None:
@@ -280,7 +241,7 @@ def run_scenario(
         "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
         "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
         "scheduler": lambda: cpu_seconds(sched.pid),
-        "client": lambda: cpu_seconds(os.getpid()),
+        "client": lambda: cpu_seconds(os.getpid(), descendants=False),  # the servers are our children
     }
     if extender is not None:
         procs["extender"] = lambda: cpu_seconds(extender.pid)

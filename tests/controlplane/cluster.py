@@ -365,6 +365,15 @@ class ControlPlane:
         """
         if self._scheduler is not None:
             raise ControlPlaneError("kube-scheduler already running; call stop_scheduler() first")
+        self._scheduler = self.launch_scheduler(config_yaml_text, "kube-scheduler", timeout, kubeconfig)
+        return self._scheduler
+
+    def launch_scheduler(
+        self, config_yaml_text: str, name: str, timeout: float = 90.0, kubeconfig: Path | None = None
+    ) -> SchedulerHandle:
+        """Start one more kube-scheduler (e.g. a standby replica); the caller stops it (`.process.stop()`).
+
+        Its config and certificates are kept apart by `name`; its log is logs/<name>.log."""
         binary = self.binary("kube-scheduler")
         config = yaml.safe_load(config_yaml_text) or {}
         if not isinstance(config, dict):
@@ -376,11 +385,12 @@ class ControlPlane:
         client["kubeconfig"] = str(kubeconfig)
         config["clientConnection"] = client
         config.setdefault("leaderElection", {"leaderElect": False})
-        config_path = self.workdir / "scheduler-config.yaml"
+        suffix = "" if name == "kube-scheduler" else f"-{_safe_name(name)}"
+        config_path = self.workdir / f"scheduler-config{suffix}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
         proc = ManagedProcess(
-            "kube-scheduler",
+            name,
             [
                 binary,
                 f"--config={config_path}",
@@ -388,18 +398,18 @@ class ControlPlane:
                 f"--secure-port={port}",
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
-                f"--cert-dir={self.workdir / 'scheduler-certs'}",
+                f"--cert-dir={self.workdir / f'scheduler-certs{suffix}'}",
                 "--v=2",
             ],
-            self.log_dir / "kube-scheduler.log",
+            self.log_dir / f"{name}.log",
         )
-        self._scheduler = SchedulerHandle(proc, port, config_path, kubeconfig)
+        handle = SchedulerHandle(proc, port, config_path, kubeconfig)
         try:
             _wait_healthz(proc, port, timeout)
         except BaseException:
-            self.stop_scheduler()
+            proc.stop()
             raise
-        return self._scheduler
+        return handle
 
     def stop_scheduler(self) -> None:
         """Stop kube-scheduler if one runs (by its PID)."""
