@@ -14,6 +14,7 @@ cores, so absolute numbers move with the machine, ratios far less.
   python bench/bench_throughput.py                      # 1,000 nodes x 8 GPUs, 2,000 pods
   python bench/bench_throughput.py --nodes 5000 --qps 1000
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
+  python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
 """
 
@@ -181,23 +182,54 @@ def wait_http(url: str, proc: ManagedProcess, timeout: float) -> float:
     raise proc.fail(f"{url} not ready in {timeout}s")
 
 
-def extender_means(url: str) -> tuple[dict[str, float], dict[str, float]]:
-    """Mean seconds per call of each verb, and bind failures by reason, from the extender's metrics."""
+def extender_metrics(url: str) -> str:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        return resp.read().decode()
+
+
+def _label(line: str, name: str) -> str:
+    return line.split(f'{name}="')[1].split('"')[0]
+
+
+def extender_latency(text: str) -> dict[str, dict[str, float]]:
+    """Per verb: mean, and p50/p99 read off the histogram as Prometheus' histogram_quantile does
+    (linear within the bucket), in milliseconds."""
+    buckets: dict[str, list[tuple[float, float]]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    failures: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("gpushare_bind_failures_total{"):
-            failures[line.split('reason="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
-        if line.startswith("gpushare_extender_request_seconds_sum{"):
-            verb = line.split('verb="')[1].split('"')[0]
-            sums[verb] = float(line.rsplit(" ", 1)[1])
+        value = line.rsplit(" ", 1)[-1]
+        if line.startswith("gpushare_extender_request_seconds_bucket{"):
+            le = _label(line, "le")
+            buckets.setdefault(_label(line, "verb"), []).append(
+                (float("inf") if le == "+Inf" else float(le), float(value))
+            )
+        elif line.startswith("gpushare_extender_request_seconds_sum{"):
+            sums[_label(line, "verb")] = float(value)
         elif line.startswith("gpushare_extender_request_seconds_count{"):
-            verb = line.split('verb="')[1].split('"')[0]
-            counts[verb] = float(line.rsplit(" ", 1)[1])
-    return {v: sums[v] / counts[v] for v in sums if counts.get(v)}, failures
+            counts[_label(line, "verb")] = float(value)
+    out = {}
+    for verb, count in counts.items():
+        if not count:
+            continue
+        row = {"mean": sums[verb] / count * 1000}
+        cumulative = sorted(buckets[verb])
+        for q in (0.5, 0.99):
+            rank, lower, below = q * count, 0.0, 0.0
+            for upper, seen in cumulative:
+                if seen >= rank:
+                    span = seen - below
+                    upper = upper if upper != float("inf") else lower
+                    row[f"p{int(q * 100)}"] = (lower + (upper - lower) * ((rank - below) / span if span else 1)) * 1000
+                    break
+                lower, below = upper, seen
+        out[verb] = row
+    return out
+
+
+def bind_failures(text: str) -> dict[str, float]:
+    return {_label(line, "reason"): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("gpushare_bind_failures_total{")}  # fmt: skip
 
 
 class BoundWatch:
@@ -229,8 +261,9 @@ class BoundWatch:
 
 
 def run_scenario(
-    sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int
+    sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int, pace: float = 0
 ) -> dict[str, Any]:
+    """`pace` > 0: create pods at that rate (one at a time) instead of all at once."""
     extender = None
     url = "http://127.0.0.1:1"
     if sc.policy is not None:
@@ -258,13 +291,18 @@ def run_scenario(
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
         created[name] = t
 
-    with ThreadPoolExecutor(16) as pool:  # the client keeps 16 connections open
-        list(pool.map(create, range(pods)))
+    if pace:
+        for i in range(pods):
+            time.sleep(max(0.0, start + i / pace - time.monotonic()))
+            create(i)
+    else:
+        with ThreadPoolExecutor(16) as pool:  # the client keeps 16 connections open
+            list(pool.map(create, range(pods)))
     if not watch.done.wait(600):
         raise TimeoutError(f"{sc.label}: only {len(watch.bound)}/{pods} pods bound in 600 s")
     end = max(watch.bound.values())
     after = {k: f() for k, f in procs.items()}
-    means, failures = extender_means(url) if extender is not None else ({}, {})
+    metrics = extender_metrics(url) if extender is not None else ""
     cp.stop_scheduler()
     if extender is not None:
         extender.stop()
@@ -277,8 +315,8 @@ def run_scenario(
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
         "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
-        "extender_ms": {k: v * 1000 for k, v in means.items()},
-        "bind_failures": failures,
+        "extender_ms": extender_latency(metrics),
+        "bind_failures": bind_failures(metrics),
     }
 
 
@@ -316,12 +354,15 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
     ratio = r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan")
     cpu = r["cpu_ms_per_pod"]
     cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in ("etcd", "apiserver", "scheduler", "extender", "client") if k in cpu)
-    ext = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["extender_ms"].items()))
+    ext = " ".join(
+        f"{verb}={v['mean']:.1f}/{v.get('p50', 0):.1f}/{v.get('p99', 0):.1f}"
+        for verb, v in sorted(r["extender_ms"].items())
+    )
     if r["bind_failures"]:
         ext += " bind failures: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(r["bind_failures"].items()))
     return (
         f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  x{ratio:4.2f}  "
-        f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms/call: {ext}"
+        f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms mean/p50/p99: {ext}"
     )
 
 
@@ -339,6 +380,7 @@ def main() -> int:
     ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--pace", type=float, default=0, help="create pods at this rate (pods/s) instead of at once")
     args = ap.parse_args()
 
     qps_values = [int(q) for q in args.qps.split(",")]
@@ -371,7 +413,7 @@ def main() -> int:
             results = []
             alone: dict[int, float] = {}
             for sc in scenarios:
-                r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed)
+                r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed, args.pace)
                 if sc.policy is None:
                     alone[sc.qps] = r["pods_per_s"]
                 results.append(r)

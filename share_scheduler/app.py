@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024  # a NodeList of 5,000 full nodes is tens of MB
 
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Fine where a healthy extender answers (filter ~1 ms, bind one API call ~5-20 ms), coarse beyond.
+_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.035, 0.05,
+            0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
 
 
 class _GpuCollector:

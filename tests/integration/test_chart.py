@@ -188,7 +188,7 @@ def test_device_plugin_rbac_enforced(
         # the extender
         (("list", "nodes"), True),
         (("watch", "pods", "-A"), True),
-        (("patch", "pods", "-n", "default"), True),
+        (("patch", "pods", "-n", "default"), False),  # annotations travel on the Binding
         (("create", "pods", "--subresource=binding", "-n", "default"), True),
         (("create", "events", "-n", "default"), True),
         (("create", "events.events.k8s.io", "-n", "default"), True),
