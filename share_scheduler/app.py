@@ -40,7 +40,7 @@ from share_scheduler.extender import (
     policy_scores,
     prioritize,
 )
-from share_scheduler.placement import Policy, make_policy
+from share_scheduler.placement import Policy, learns, make_policy
 from share_scheduler.syncer import Syncer
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,8 @@ def create_app(
             policy.observe(demand_of(req))
         memo.invalidate()  # a learning policy may now score a view differently (no-op for binpack)
 
-    cache.set_observer(observe)
+    if learns(policy):  # reading every pod's request costs a third of the first sync: only when it counts
+        cache.set_observer(observe)
     syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
 
     app = Flask("share_scheduler")

@@ -23,7 +23,8 @@ from typing import Any
 from share_core.contract import RESOURCE_MEM, MemoryUnit
 from share_core.request import InvalidRequest, PodRequest, pod_request
 from share_scheduler.cache import NodeSnapshot, demand_of
-from share_scheduler.placement import POLICIES, Demand, Policy, WorkloadTable, fits
+from share_scheduler.placement import Demand, Policy, WorkloadTable, fits
+from share_scheduler.placement import learns as policy_learns
 
 MAX_EXTENDER_PRIORITY = 10
 NEG_INF = float("-inf")
@@ -241,9 +242,6 @@ def normalise_scores(raw: Mapping[str, float]) -> dict[str, int]:
     return {name: rank.get(s, 0) for name, s in raw.items()}
 
 
-_NOOP_OBSERVE = getattr(POLICIES["binpack"], "observe", None)  # binpack and spread learn nothing
-
-
 class ScoreMemo:
     """Policy scores memoised per (demand, node view): shared across requests and across nodes.
 
@@ -265,7 +263,7 @@ class ScoreMemo:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.enabled = bool(getattr(policy, "cacheable", False))
-        learns = getattr(type(policy), "observe", None) is not _NOOP_OBSERVE
+        learns = policy_learns(policy)
         # Policies whose learned workload is a WorkloadTable snapshot: memo valid while it is unchanged.
         self._by_table = learns and isinstance(getattr(policy, "table", None), WorkloadTable)
         self.learns = learns and not self._by_table  # invalidated by every observe()

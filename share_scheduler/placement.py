@@ -158,6 +158,11 @@ class _ViewPolicy:
         pass
 
 
+def learns(policy: Policy) -> bool:
+    """Whether the policy's observe() does anything (binpack, spread, random learn nothing)."""
+    return getattr(type(policy), "observe", None) is not _ViewPolicy.observe
+
+
 def _best_fit(view: NodeView, elig: list[int], count: int) -> tuple[int, ...]:
     gpus = view[0]
     elig.sort(key=lambda i: (gpus[i][1], i))
