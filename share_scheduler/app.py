@@ -31,13 +31,12 @@ from share_scheduler.extender import (
     FILTER_KEEPS,
     BadRequest,
     ScoreMemo,
-    best_nodes,
+    best_fitting,
     filter_nodes,
     filter_result,
     invalid_request_message,
     parse_extender_args,
     pod_demand,
-    policy_scores,
     prioritize,
 )
 from share_scheduler.placement import Policy, learns, make_policy
@@ -204,11 +203,13 @@ def create_app(
         request, demand = wanted
         binder.remember(args.pod, request)
         entries = cache.entries(args.names)
-        passed, failed, unresolvable = filter_nodes(demand, entries, unit)
-        if keep_best and len(passed) > 1:
-            fitting = set(passed)
-            candidates = [(name, entry) for name, entry in entries if name in fitting]
-            passed = best_nodes(policy_scores(policy, demand, candidates, memo, binder.policy_lock))
+        if keep_best:
+            passed = best_fitting(policy, demand, entries, memo, binder.policy_lock)
+            failed, unresolvable = {}, {}
+            if not passed:
+                _, failed, unresolvable = filter_nodes(demand, entries, unit)
+        else:
+            passed, failed, unresolvable = filter_nodes(demand, entries, unit)
         if len(passed) == 1:
             # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
             binder.hold(args.pod, passed[0], demand)

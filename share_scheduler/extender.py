@@ -373,6 +373,44 @@ def prioritize(
     return [{"Host": name, "Score": scores[name]} for name, _ in entries]
 
 
+def best_fitting(
+    policy: Policy,
+    demand: Demand,
+    entries: Sequence[tuple[str, NodeSnapshot | None]],
+    memo: ScoreMemo | None = None,
+    lock: threading.Lock | None = None,
+) -> list[str]:
+    """`best_nodes(policy_scores(...))` in one pass: the memo's score also says whether the demand fits
+    (-inf), so each node costs one dict lookup. Filter's hot path at thousands of nodes."""
+    table = memo.table(demand) if memo is not None else None
+    if table is None:
+        return best_nodes(policy_scores(policy, demand, entries, memo, lock))
+    assert memo is not None
+    guard: AbstractContextManager[Any] | threading.Lock = lock if lock is not None else nullcontext()
+    get = table.get
+    top = NEG_INF
+    keep: list[str] = []
+    stored = 0
+    for name, entry in entries:
+        if entry is None:
+            continue
+        score = get(entry.view_id)
+        if score is None:
+            score = table[entry.view_id] = _score(policy, demand, entry, guard)
+            stored += 1
+        if score < top or score == NEG_INF:
+            continue
+        if score > top:
+            top = score
+            keep = [name]
+        else:
+            keep.append(name)
+    memo.hits += len(entries) - stored
+    if stored:
+        memo.added(stored)
+    return keep
+
+
 def best_nodes(scores: Mapping[str, float]) -> list[str]:
     """The nodes the policy would choose among: those with its highest score, in request order.
 
