@@ -30,7 +30,7 @@ from share_core.contract import MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound, Unavailable
 from share_core.request import InvalidRequest, PodRequest
-from share_scheduler.cache import ClusterCache, Contribution
+from share_scheduler.cache import ClusterCache, Contribution, demand_of
 from share_scheduler.extender import BadRequest, pod_demand, unfit_reason
 from share_scheduler.placement import Demand, Policy
 
@@ -162,7 +162,7 @@ class Binder:
                 return f"bound to node {args.node} (no {self.unit.value} of GPU memory requested)"
             request, demand = wanted
         else:
-            demand = Demand(per_gpu=request.per_gpu, count=request.gpu_count, models=request.models)
+            demand = demand_of(request)
         assignment, summary = self._reserve(args, request, demand)
         self._bind_with(args, assignment)
         return summary
