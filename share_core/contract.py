@@ -58,6 +58,8 @@ EXTENDER_DEFAULT_PORT = 12345
 # Event reasons the device plugin records on a pod (kubectl describe pod shows them).
 EVENT_ALLOCATE_REFUSED = "GpuShareAllocateRefused"  # a pod gpushare cannot serve asked for gpu-mem
 EVENT_RUNS_WITHOUT_GPU = "GpuShareRunsWithoutGpu"  # admitted by kubelet without our Allocate
+EVENT_GPU_ASSIGNED = "GPUShareAssigned"  # the extender bound a pod: which GPU(s), how much of each
+EVENT_BIND_FAILED = "FailedGPUShareBinding"  # the extender could not bind a pod, and why
 
 # Pod phases whose containers are gone: their memory is free again.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

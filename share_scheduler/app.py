@@ -25,7 +25,7 @@ from share_core.events import EventQueue
 from share_core.kube import KubeClient
 from share_core.request import InvalidRequest, PodRequest
 from share_core.retry import Backoff
-from share_scheduler.binder import Binder, BindError, parse_bind_args
+from share_scheduler.binder import BIND_EVENTS, Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache, demand_of
 from share_scheduler.extender import (
     FILTER_KEEPS,
@@ -131,12 +131,15 @@ def create_app(
     assume_ttl: float | None = None,
     sync_backoff: Callable[[], Backoff] = Backoff,
     filter_keeps: str = "best",
+    bind_events: str = "all",
 ) -> Flask:
     """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
     process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts.
-    `filter_keeps`: see extender.FILTER_KEEPS."""
+    `filter_keeps`: see extender.FILTER_KEEPS; `bind_events`: "all" (an Event per bind) or "failures"."""
     if isinstance(policy, str):
         policy = make_policy(policy)
+    if bind_events not in BIND_EVENTS:
+        raise ValueError(f"bind_events must be one of {', '.join(BIND_EVENTS)}, not {bind_events!r}")
     if filter_keeps not in FILTER_KEEPS:
         raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
     keep_best = filter_keeps == "best"
@@ -155,6 +158,7 @@ def create_app(
         on_failure=lambda r: metrics.bind_failures.labels(r).inc(),
         events=events,
         on_pod_read=metrics.bind_pod_reads.inc,
+        assigned_events=bind_events == "all",
     )
     memo = ScoreMemo(policy)
 

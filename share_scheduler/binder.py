@@ -26,7 +26,7 @@ from typing import Any
 from cachetools import TTLCache
 
 from share_core.assignment import Assignment, parse_assignment, pod_annotations, pod_node
-from share_core.contract import MemoryUnit
+from share_core.contract import EVENT_BIND_FAILED, EVENT_GPU_ASSIGNED, MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound, Unavailable
 from share_core.request import InvalidRequest, PodRequest
@@ -36,6 +36,7 @@ from share_scheduler.placement import Demand, Policy
 
 log = logging.getLogger(__name__)
 
+BIND_EVENTS = ("all", "failures")  # `--bind-events`: an Event for every bind, or for failed ones only
 SEEN_TTL = 600.0  # seconds filter's view of a pod is kept for its bind
 SEEN_LIMIT = 100_000  # pods remembered between filter and bind (a burst far larger than any queue)
 
@@ -89,12 +90,14 @@ class Binder:
         clock_ns: Callable[[], int] = time.time_ns,
         events: EventQueue | None = None,
         on_pod_read: Callable[[], None] | None = None,
+        assigned_events: bool = True,
     ) -> None:
         self.kube = kube
         self.cache = cache
         self.policy = policy
         self.unit = unit
         self.events = events if events is not None else EventQueue(kube)
+        self.assigned_events = assigned_events  # False: Events for failures only (one API write less per pod)
         self._on_failure = on_failure
         self._on_pod_read = on_pod_read
         self._clock_ns = clock_ns
@@ -137,10 +140,11 @@ class Binder:
             log.warning("bind %s to node %s failed: %s", args.key, args.node, exc)
             if self._on_failure:
                 self._on_failure(exc.reason)
-            self.events.record(ref, "FailedGPUShareBinding", f"bind to node {args.node} failed: {exc}", "Warning")
+            self.events.record(ref, EVENT_BIND_FAILED, f"bind to node {args.node} failed: {exc}", "Warning")
             raise
         log.info("pod %s: %s", args.key, summary)
-        self.events.record(ref, "GPUShareAssigned", summary)
+        if self.assigned_events:
+            self.events.record(ref, EVENT_GPU_ASSIGNED, summary)
         return summary
 
     def _bind(self, args: BindArgs) -> str:

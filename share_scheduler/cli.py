@@ -11,6 +11,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
+from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.config import DEFAULT_EXTENDER_URL, print_config
 from share_scheduler.extender import FILTER_KEEPS
 from share_scheduler.placement import POLICIES
@@ -72,6 +73,7 @@ class ExtenderServer(BaseApplication):  # type: ignore[misc]
             unit=MemoryUnit.parse(a.memory_unit),
             assume_ttl=a.assume_ttl,
             filter_keeps=a.filter_keeps,
+            bind_events=a.bind_events,
         )
 
 
@@ -103,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
             choices=FILTER_KEEPS,
             help="filter answers with the policy's best nodes (default; kube-scheduler needs no prioritize "
             "call) or every fitting node (ranked by prioritize); kube-scheduler's config must match",
+        )
+        p.add_argument(
+            "--bind-events",
+            default=d("all"),
+            choices=BIND_EVENTS,
+            help="Events on the pod: for every bind (default; which GPU, how much) or only for failed binds "
+            "(one API write less per pod; kube-scheduler's own Scheduled event remains)",
         )
         p.add_argument(
             "--threads",

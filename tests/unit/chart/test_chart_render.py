@@ -510,9 +510,9 @@ def test_filter_keeps_decides_prioritize(default_docs: list[Obj], all_docs: list
     assert "prioritizeVerb" not in best and "weight" not in best  # one HTTP call per scheduling cycle
     fitting = h.scheduler_config(all_docs)["extenders"][0]
     assert (fitting["prioritizeVerb"], fitting["weight"]) == ("prioritize", 200)
-    for docs, keeps in ((default_docs, "best"), (all_docs, "fitting")):
+    for docs, keeps, events in ((default_docs, "best", "all"), (all_docs, "fitting", "failures")):
         args = next(c for c in pod_spec(deployment(docs))["containers"] if c["name"] == "extender")["args"]
-        assert f"--filter-keeps={keeps}" in args
+        assert f"--filter-keeps={keeps}" in args and f"--bind-events={events}" in args
 
 
 def test_chart_config_equals_scheduler_configuration_function(default_docs: list[Obj]) -> None:

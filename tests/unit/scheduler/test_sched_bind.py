@@ -122,6 +122,16 @@ def test_bind_is_one_api_call_after_filter(kube, extender_factory):
     ext.settle()
 
 
+def test_bind_events_failures_only(kube, extender_factory):
+    kube.add_node(make_node("node-a", [16]))
+    ok, big = kube.add_pod(make_pod("ok", 4)), kube.add_pod(make_pod("big", 32))
+    ext = extender_factory(bind_events="failures").wait_ready()
+    assert schedule(ext, ok, "node-a") == {"Error": ""}
+    assert "no longer fits" in ext.call("bind", bind_args(big, "node-a"))["Error"]
+    assert ext.parts["events"].flush()
+    assert [e["reason"] for e in kube.events] == ["FailedGPUShareBinding"]
+
+
 def test_bind_reads_the_pod_when_filter_did_not_see_it(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     pod = kube.add_pod(make_pod("p", 4))
