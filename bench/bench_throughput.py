@@ -48,6 +48,7 @@ from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 
 NAMESPACE = "bench"
+EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
 ALONE = "bench-alone"
 SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
 
@@ -128,6 +129,7 @@ class Scenario:
     policy: str | None = None  # None: kube-scheduler alone
     src: Path = ROOT  # the checkout whose extender runs
     filter_keeps: str | None = "best"  # None: a checkout without --filter-keeps
+    bind_events: str | None = None  # --bind-events, where the checkout has it
 
     @property
     def scheduler_name(self) -> str:
@@ -160,6 +162,9 @@ def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Manag
             "--kubeconfig", str(cp.admin_kubeconfig), "--policy", str(sc.policy), "--log-level", "INFO"]  # fmt: skip
     if sc.filter_keeps:
         argv += ["--filter-keeps", sc.filter_keeps]
+    if sc.bind_events:
+        argv += ["--bind-events", sc.bind_events]
+    argv += EXTRA_EXTENDER_ARGS
     env = dict(os.environ, PYTHONPATH=str(sc.src))
     proc = ManagedProcess("extender", argv, workdir / f"extender-{sc.label}.log", env=env, cwd=sc.src)
     url = f"http://127.0.0.1:{port}"
@@ -232,6 +237,21 @@ def bind_failures(text: str) -> dict[str, float]:
             for line in text.splitlines() if line.startswith("gpushare_bind_failures_total{")}  # fmt: skip
 
 
+def apiserver_requests(admin: ApiServerClient) -> dict[str, float]:
+    """kube-apiserver's own count of requests, by verb and resource (apiserver_request_total)."""
+    text = admin._open("GET", "/metrics").data.decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1 : line.rindex("}")].split(","))
+            labels = {k: v.strip('"') for k, v in labels.items()}
+            what = f"{labels.get('verb')} {labels.get('resource')}"
+            if labels.get("subresource"):
+                what += f"/{labels['subresource']}"
+            out[what] = out.get(what, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 class BoundWatch:
     """Records when each pod of the namespace is first seen with a node."""
 
@@ -282,6 +302,7 @@ def run_scenario(
     sizes = [rng.choice(SIZES) for _ in range(pods)]
     watch = BoundWatch(admin, pods)
     before = {k: f() for k, f in procs.items()}
+    requests_before = apiserver_requests(admin)
     created: dict[str, float] = {}
     start = time.monotonic()
 
@@ -302,6 +323,8 @@ def run_scenario(
         raise TimeoutError(f"{sc.label}: only {len(watch.bound)}/{pods} pods bound in 600 s")
     end = max(watch.bound.values())
     after = {k: f() for k, f in procs.items()}
+    requests_after = apiserver_requests(admin)
+    per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in requests_after.items()}
     metrics = extender_metrics(url) if extender is not None else ""
     cp.stop_scheduler()
     if extender is not None:
@@ -317,6 +340,8 @@ def run_scenario(
         "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
         "extender_ms": extender_latency(metrics),
         "bind_failures": bind_failures(metrics),
+        # API calls per pod that are not watches or the bench's own GETs of /metrics
+        "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
     }
 
 
@@ -339,11 +364,13 @@ def time_to_ready(cp: ControlPlane, admin: ApiServerClient, nodes: list[str], ru
     print(f"# created {running} bound pods in {time.monotonic() - t:.0f} s", file=sys.stderr)
     out = []
     for i in range(runs):
-        sc = Scenario(f"ready-{i}", 0, "binpack", src)
+        sc = Scenario(f"ready-{i}", 0, "binpack", src, filter_keeps=None)
         start = time.monotonic()
         proc, _ = start_extender(sc, cp, workdir)
         out.append(time.monotonic() - start)
         proc.stop()
+        listed = [line for line in proc.log_path.read_text().splitlines() if "listed" in line]
+        print(f"# {src} run {i}: {out[-1]:.2f} s; " + " | ".join(x.split(": ", 1)[-1] for x in listed), file=sys.stderr)
     return out
 
 
@@ -360,9 +387,11 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
     )
     if r["bind_failures"]:
         ext += " bind failures: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(r["bind_failures"].items()))
+    api = " ".join(f"{k}={v:.2f}" for k, v in r["api_per_pod"].items())
     return (
         f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  x{ratio:4.2f}  "
         f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms mean/p50/p99: {ext}"
+        f"\n{'':<28} API calls per pod: {api}"
     )
 
 
@@ -375,6 +404,7 @@ def main() -> int:
     ap.add_argument("--qps", default="50,1000", help="kube-scheduler client QPS values (burst = QPS)")
     ap.add_argument("--policies", default="binpack,frag")
     ap.add_argument("--filter-keeps", default="best", choices=["best", "fitting"])
+    ap.add_argument("--bind-events", default="all", help="extender --bind-events values to run (all,failures)")
     ap.add_argument("--baseline-src", type=Path, help="also run this checkout's extender (e.g. a git worktree)")
     ap.add_argument("--ready", action="store_true", help="measure the extender's time to ready instead")
     ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
@@ -407,7 +437,9 @@ def main() -> int:
             for qps in qps_values:
                 scenarios.append(Scenario("alone", qps))
                 for policy in args.policies.split(","):
-                    scenarios.append(Scenario(f"{policy}", qps, policy, ROOT, args.filter_keeps))
+                    for events in args.bind_events.split(","):
+                        label = policy if events == "all" else f"{policy} (events: {events})"
+                        scenarios.append(Scenario(label, qps, policy, ROOT, args.filter_keeps, events))
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
             results = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from share_core.kube import Gone, KubeClient, KubeError, ListResult, WatchEvent
@@ -80,17 +81,31 @@ class Syncer:
     def sync_once(self, kind: str) -> str:
         """One full list applied to the cache; returns the list's resourceVersion."""
         result: ListResult
+        start = time.monotonic()
         if kind == "nodes":
             result = self.kube.list_nodes()
+            listed = time.monotonic()
             self.cache.replace_nodes(result.items)
         else:
             result = self.kube.list_pods()
+            listed = time.monotonic()
             self.cache.replace_pods(result.items)
+        applied = time.monotonic()
         self.lists[kind] += 1
+        settled = ""
         if not self._frozen and self.cache.synced:
             self._frozen = True
             settle_gc()
-        log.info("listed %d %s (resourceVersion %s)", len(result.items), kind, result.resource_version)
+            settled = f", then settled the heap in {time.monotonic() - applied:.2f}s"
+        log.info(
+            "listed %d %s (resourceVersion %s) in %.2fs, applied in %.2fs%s",
+            len(result.items),
+            kind,
+            result.resource_version,
+            listed - start,
+            applied - listed,
+            settled,
+        )
         return result.resource_version
 
     def _watch(self, kind: str, rv: str) -> Iterator[WatchEvent]:
