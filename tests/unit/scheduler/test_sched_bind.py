@@ -271,13 +271,13 @@ def test_binds_to_one_node_pipeline(kube, extender_factory):
     ext = extender_factory().wait_ready()
     for p in pods:
         ext.call("filter", filter_args(p, ["node-a"]))
-    kube.delay("bind_pod", 0.3, times=10)
+    kube.delay("bind_pod", 0.5, times=10)
     start = time.monotonic()
     with ThreadPoolExecutor(10) as pool:
         results = list(pool.map(lambda p: ext.call("bind", bind_args(p, "node-a")), pods))
     took = time.monotonic() - start
     assert all(r == {"Error": ""} for r in results)
-    assert took < 1.5, f"10 binds to one node with 0.3 s API calls took {took:.2f} s: they queued"
+    assert took < 2.5, f"10 binds to one node with 0.5 s API calls took {took:.2f} s: they queued (5 s in a row)"
     assert over_committed(kube) == []
     ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 40}
@@ -289,11 +289,11 @@ def test_slow_events_never_hold_a_bind(kube, extender_factory):
     ext = extender_factory().wait_ready()
     events = ext.parts["events"]
     events._queue.maxsize = 2  # a tiny queue, to see drops
-    kube.delay("create_event", 1.0, times=10)
+    kube.delay("create_event", 3.0, times=10)
     start = time.monotonic()
     for p in pods:
         assert schedule(ext, p, "node-a") == {"Error": ""}
-    assert time.monotonic() - start < 0.9  # no bind waited on an Event
+    assert time.monotonic() - start < 2.5  # no bind waited on an Event (3 s each)
     metrics = ext.client.get("/metrics").get_data(as_text=True)
     dropped = float(re.search(r"^gpushare_events_dropped_total (\S+)$", metrics, re.M).group(1))
     assert dropped >= 3  # one being posted, two queued, the rest dropped and counted
