@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from share_core.kube import Conflict, KubeError, ListResult, NotFound, Obj, WatchEvent
+from share_core.kube import Conflict, KubeError, ListResult, NotFound, Obj, Pages, WatchEvent
 
 
 def _match_fields(obj: Obj, selector: str | None) -> bool:
@@ -131,6 +131,10 @@ class FakeKube:
             self._watchers.clear()
 
     # -- KubeClient ------------------------------------------------------------------------------
+
+    def pod_pages(self) -> Pages:
+        listed = self.list_pods()
+        return Pages(items=listed.items, resource_version=listed.resource_version)
 
     def list_nodes(self, label_selector: str | None = None) -> ListResult:
         self._enter("list_nodes")

@@ -60,6 +60,16 @@ class PodRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PodFacts:
+    """A pod as the cache takes it in: its record, whether it finished, its request (only parsed when a
+    learning policy has not seen the pod yet)."""
+
+    record: PodRecord
+    finished: bool
+    request: PodRequest | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Assumed:
     uid: str
     contribution: Contribution
@@ -330,36 +340,40 @@ class ClusterCache:
 
     # -- pods ------------------------------------------------------------------------------------
 
-    def _note_request(self, pod: Mapping[str, Any], key: str, uid: str) -> None:
+    def facts(self, pod: Mapping[str, Any]) -> PodFacts:
+        """Everything the cache keeps of a pod, parsed outside the lock; the dict can then go."""
+        record = pod_record(pod)
+        request: PodRequest | None = None
+        if self._on_new_pod is not None and (record.uid or record.key) not in self._seen_requests:
+            try:
+                request = pod_request(pod)
+            except InvalidRequest:
+                request = None
+        return PodFacts(record, pod_is_finished(pod), request)
+
+    def _note_request(self, facts: PodFacts) -> None:
         """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive)."""
-        if self._on_new_pod is None:
+        if self._on_new_pod is None or facts.request is None:
             return
-        ident = uid or key
+        ident = facts.record.uid or facts.record.key
         if ident in self._seen_requests:
             return
-        try:
-            request = pod_request(pod)
-        except InvalidRequest:
-            return
-        if request is None:
-            return
         self._seen_requests.add(ident)
-        self._on_new_pod(request)
+        self._on_new_pod(facts.request)
 
-    def _set_pod_locked(self, pod: Mapping[str, Any], record: PodRecord | None = None) -> None:
-        if record is None:
-            record = pod_record(pod)
+    def _set_pod_locked(self, facts: PodFacts) -> None:
+        record = facts.record
         old = self._pods.get(record.key)
         if old is not None and old.uid == record.uid and old.node and not record.node:
             # nodeName never goes from set to unset for one pod: this event predates the Binding.
             return
-        self._note_request(pod, record.key, record.uid)
+        self._note_request(facts)
         self._pods[record.key] = record
         assumed = self._assumed.get(record.key)
         if assumed is not None and (record.node or (assumed.uid and record.uid and assumed.uid != record.uid)):
             # The API server now says where the pod is (or it is another pod by that name): trust it.
             del self._assumed[record.key]
-        if record.node and record.contribution is None and pod_is_finished(pod):
+        if record.node and record.contribution is None and facts.finished:
             self._assumed.pop(record.key, None)
         self._refresh(record.key)
 
@@ -371,9 +385,10 @@ class ClusterCache:
         self._refresh(key)
 
     def upsert_pod(self, pod: Mapping[str, Any]) -> None:
+        facts = self.facts(pod)
         with self._lock:
             self._expire()
-            self._set_pod_locked(pod)
+            self._set_pod_locked(facts)
 
     def delete_pod(self, pod: Mapping[str, Any]) -> None:
         with self._lock:
@@ -381,15 +396,17 @@ class ClusterCache:
             self._drop_pod_locked(pod_key(pod))
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        """A full list: pods it lacks are gone (assumed pods stay: the list may predate their bind)."""
-        # Parse outside the lock (pure): a relist of 40,000 pods then holds it ~3x shorter.
-        records = [(pod, pod_record(pod)) for pod in pods]
+        """A full list: pods it lacks are gone (assumed pods stay: the list may predate their bind).
+
+        `pods` may be a generator over pages as they arrive: each pod is parsed outside the lock (a
+        relist of 40,000 pods then holds it ~3x shorter) and its dict dropped at once."""
+        parsed = [self.facts(pod) for pod in pods]
         with self._lock:
             self._expire()
             keys = set()
-            for pod, record in records:
-                self._set_pod_locked(pod, record)
-                keys.add(record.key)
+            for facts in parsed:
+                self._set_pod_locked(facts)
+                keys.add(facts.record.key)
             for key in set(self._pods) - keys:
                 record = self._pods.pop(key)
                 self._seen_requests.discard(record.uid or key)

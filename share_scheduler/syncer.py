@@ -10,6 +10,7 @@ what keeps a missed event from living forever; it costs one paginated list every
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import threading
 import time
@@ -86,10 +87,14 @@ class Syncer:
             result = self.kube.list_nodes()
             listed = time.monotonic()
             self.cache.replace_nodes(result.items)
+            count = len(result.items)
         else:
-            result = self.kube.list_pods()
-            listed = time.monotonic()
-            self.cache.replace_pods(result.items)
+            # Page by page: the next page is fetched while this one is parsed, and no page outlives its parse.
+            pages = self.kube.pod_pages()
+            self.cache.replace_pods(itertools.chain.from_iterable(pages))
+            listed = time.monotonic()  # fetch and parse overlap: "applied" is what is left after the last page
+            result = ListResult([], pages.resource_version)
+            count = pages.count
         applied = time.monotonic()
         self.lists[kind] += 1
         settled = ""
@@ -99,7 +104,7 @@ class Syncer:
             settled = f", then settled the heap in {time.monotonic() - applied:.2f}s"
         log.info(
             "listed %d %s (resourceVersion %s) in %.2fs, applied in %.2fs%s",
-            len(result.items),
+            count,
             kind,
             result.resource_version,
             listed - start,

@@ -42,6 +42,35 @@ def test_list_is_paginated_and_complete(admin: ApiServerClient) -> None:
         assert listed.resource_version
 
 
+def test_pod_pages_read_every_pod_page_by_page(admin: ApiServerClient) -> None:
+    for i in range(7):
+        _create(admin, _pod(f"paged-{i}"))
+    pages = admin.pod_pages(page_size=2)
+    sizes, names = [], []
+    for page in pages:
+        sizes.append(len(page))
+        names += [p["metadata"]["name"] for p in page]
+    assert {f"paged-{i}" for i in range(7)} <= set(names) and len(names) == len(set(names))
+    assert all(size <= 2 for size in sizes) and len(sizes) >= 4  # the server paged it
+    assert pages.count == len(names) and pages.resource_version
+
+
+def test_binding_carries_annotations_atomically(admin: ApiServerClient) -> None:
+    pod = _create(admin, _pod("bind-ann"))
+    uid = pod["metadata"]["uid"]
+    admin.bind_pod(NS, "bind-ann", uid, "some-node", {"gpushare.io/gpu-index": "1", "x": "y"})
+    stored = admin.get_pod(NS, "bind-ann")
+    assert stored["spec"]["nodeName"] == "some-node"
+    assert stored["metadata"]["annotations"] == {"gpushare.io/gpu-index": "1", "x": "y"}
+    # The API server refuses a second Binding (409) and the UID precondition, as FakeKube mirrors.
+    with pytest.raises(Conflict, match="already assigned"):
+        admin.bind_pod(NS, "bind-ann", uid, "other-node", {"x": "z"})
+    other = _create(admin, _pod("bind-uid"))
+    with pytest.raises(Conflict):
+        admin.bind_pod(NS, "bind-uid", "not-" + other["metadata"]["uid"], "some-node")
+    assert "nodeName" not in admin.get_pod(NS, "bind-uid")["spec"]
+
+
 def test_annotation_patch_is_conflict_safe(admin: ApiServerClient) -> None:
     pod = _create(admin, _pod("conflict"))
     rv = pod["metadata"]["resourceVersion"]
