@@ -438,6 +438,13 @@ def main() -> int:
                   f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
             if args.ready:
                 create_running(admin, nodes, args.running, args.gpus)
+                for size in (500, 1000, 5000):  # the floor: what reading the list alone costs this client
+                    t = time.monotonic()
+                    pages = admin.pod_pages(page_size=size)
+                    for _ in pages:
+                        pass
+                    print(f"# reading {pages.count} pods in pages of {size}: {time.monotonic() - t:.2f} s",
+                          file=sys.stderr)  # fmt: skip
                 srcs = [ROOT] + ([args.baseline_src] if args.baseline_src else [])
                 for src in srcs:
                     times = time_to_ready(cp, workdir, src, args.runs)
