@@ -96,7 +96,8 @@ class FakeProc(ProcFs):
 
 def v2_containerd(pod_uid: str, container: int) -> str:
     u = pod_uid.replace("-", "_")
-    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/cri-containerd-{cid(container)}.scope\n"
+    slices = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice"
+    return f"0::{slices}/cri-containerd-{cid(container)}.scope\n"
 
 
 def v1_cgroupfs(pod_uid: str, container: int) -> str:
