@@ -78,6 +78,7 @@ class Allocator:
         conflict_retries: int = 5,
         device_list_strategy: str = DEVICE_LIST_ENVVAR,
         mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
+        mps_shm_dir: str = "",
     ) -> None:
         self.node = node
         self.kube = kube
@@ -91,6 +92,7 @@ class Allocator:
             raise ValueError(f"device list strategy {device_list_strategy!r}: expected one of {DEVICE_LIST_STRATEGIES}")
         self.device_list_strategy = device_list_strategy
         self.mps_pipe_dir = mps_pipe_dir
+        self.mps_shm_dir = mps_shm_dir
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
@@ -153,7 +155,12 @@ class Allocator:
             answer = ContainerAnswer(
                 env,
                 container_mounts(
-                    match, self.device_id_strategy, self.device_list_strategy, self.mps, self.mps_pipe_dir
+                    match,
+                    self.device_id_strategy,
+                    self.device_list_strategy,
+                    self.mps,
+                    self.mps_pipe_dir,
+                    self.mps_shm_dir,
                 ),
                 container_cdi_devices(match, self.device_id_strategy, self.device_list_strategy),
             )

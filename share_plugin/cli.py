@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --mps: the MPS control daemon's pipe directory on the node, mounted into each container",
     )
     p.add_argument(
+        "--mps-shm-dir",
+        default=env("GPUSHARE_MPS_SHM_DIR", ""),
+        help="with --mps: the directory on the node the daemon uses as /dev/shm, mounted as each container's /dev/shm",
+    )
+    p.add_argument(
         "--monitor-interval",
         type=float,
         default=float(env("GPUSHARE_MONITOR_INTERVAL", str(DEFAULT_INTERVAL))),
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         args.mps,
         device_list_strategy=args.device_list_strategy,
         mps_pipe_dir=args.mps_pipe_dir,
+        mps_shm_dir=args.mps_shm_dir,
     )
     try:
         plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube))

@@ -475,11 +475,17 @@ class BindMount:
 
 
 def container_mounts(
-    match: Match, device_id_strategy: str, device_list_strategy: str, mps: bool, mps_pipe_dir: str
+    match: Match,
+    device_id_strategy: str,
+    device_list_strategy: str,
+    mps: bool,
+    mps_pipe_dir: str,
+    mps_shm_dir: str = "",
 ) -> list[BindMount]:
     """volume-mounts: one `/dev/null` mount per GPU at `/var/run/nvidia-container-devices/<id>`, which the
     NVIDIA toolkit reads with `accept-nvidia-visible-devices-as-volume-mounts = true` (NVIDIA k8s-device-plugin
-    does the same); MPS: the control daemon's pipe directory, where CUDA finds the daemon."""
+    does the same); MPS: the control daemon's pipe directory, where CUDA finds the daemon, and the daemon's
+    shared memory as /dev/shm (MPS clients and server share memory; a pod has its own IPC namespace)."""
     out = []
     if device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
         out += [
@@ -488,6 +494,8 @@ def container_mounts(
         ]
     if mps:
         out.append(BindMount(mps_pipe_dir, mps_pipe_dir, read_only=False))
+        if mps_shm_dir:
+            out.append(BindMount("/dev/shm", mps_shm_dir, read_only=False))
     return out
 
 
