@@ -105,5 +105,5 @@ def registry_for(monitor: Monitor) -> CollectorRegistry:
 def serve(monitor: Monitor, port: int, address: str = "0.0.0.0") -> Any:
     """Serve /metrics in a daemon thread; returns the server (its `shutdown()` stops it)."""
     server, _thread = start_http_server(port, addr=address, registry=registry_for(monitor))
-    log.info("node %s: serving Prometheus metrics on %s:%d/metrics", monitor.node, address, port)
+    log.info("node %s: serving Prometheus metrics on %s:%d/metrics", monitor.node, address, server.server_port)
     return server
