@@ -176,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         mps_pipe_dir=args.mps_pipe_dir,
         mps_shm_dir=args.mps_shm_dir,
     )
+    if args.mps and (problem := allocator.mps_problem()) is not None:
+        log.warning(
+            "node %s: MPS mode, but the MPS control daemon is not reachable (%s): Allocate is refused until it is",
+            args.node_name,
+            problem,
+        )
     try:
         plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube))
     except DeviceListTooLarge as exc:

@@ -393,3 +393,17 @@ def test_killer_never_signals_an_exited_pid(tmp_path: Path) -> None:
     proc = FakeProc(str(tmp_path))
     k = Killer(proc, open_pidfd=lambda pid: (_ for _ in ()).throw(ProcessLookupError(pid)))
     assert k.kill(4242, CgroupRef("u", "c")).why == "already exited"
+
+
+def test_sim_backend_reports_the_processes_of_its_file(tmp_path: Path) -> None:
+    from share_plugin.backend.sim import SimBackend
+
+    f = tmp_path / "procs.json"
+    sim = SimBackend("2xT4:16GiB", NODE, processes_file=str(f))
+    assert [r.processes for r in sim.readings()] == [(), ()]  # no file yet: no processes
+    f.write_text(json.dumps([{"pid": 7, "gpu": 1, "usedMiB": 300}, {"pid": 8, "gpu": "bogus", "usedMiB": 1}, {}]))
+    r = sim.readings()
+    assert r[0].used_bytes == 0 and [(p.pid, p.used_bytes) for p in r[1].processes] == [(7, 300 * MIB)]
+    assert r[1].used_bytes == 300 * MIB and r[1].total_bytes == 16 * GIB
+    sim.set_processes([(9, 0, 100)])  # in-process wins over the file
+    assert [p.pid for p in sim.readings()[0].processes] == [9] and sim.readings()[1].processes == ()
