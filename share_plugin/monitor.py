@@ -179,6 +179,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._cgroups: dict[int, CgroupRef | None] = {}
+        self._unresolved: set[CgroupRef] = set()  # still unknown after the last list
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -187,16 +188,19 @@ class Monitor:
 
     # -- one poll ------------------------------------------------------------------------------------
 
-    def _refresh_pods(self, now: float, cgroups: dict[int, CgroupRef | None]) -> None:
-        """List the node's pods when the cache is old, or when a process names a pod or container it lacks."""
-        unknown = any(
-            ref is not None
-            and (
-                ref.pod_uid not in self._pods
-                or (ref.container_id and ref.container_id not in self._pods[ref.pod_uid].containers)
-            )
-            for ref in cgroups.values()
+    def _unknown(self, ref: CgroupRef | None) -> bool:
+        return ref is not None and (
+            ref.pod_uid not in self._pods
+            or bool(ref.container_id and ref.container_id not in self._pods[ref.pod_uid].containers)
         )
+
+    def _refresh_pods(self, now: float, cgroups: dict[int, CgroupRef | None]) -> None:
+        """List the node's pods when the cache is old, or when a process names a pod or container it lacks.
+
+        What a fresh list still does not name (a static pod's cgroup carries its config hash, not its
+        mirror pod's UID) waits for the periodic refresh instead of listing again at every poll.
+        """
+        unknown = {ref for ref in cgroups.values() if self._unknown(ref)} - self._unresolved
         age = None if self._pods_at is None else now - self._pods_at
         if age is not None and age < self.pod_refresh and not (unknown and age >= self.min_relist):
             return
@@ -208,6 +212,7 @@ class Monitor:
         gpus = [(g.index, g.uuid) for g in self.backend.gpus()]
         self._pods = index_pods(pods, gpus, self.unit)
         self._pods_at = now
+        self._unresolved = {ref for ref in cgroups.values() if ref is not None and self._unknown(ref)}
 
     def poll_once(self) -> Usage:
         started = self.clock()

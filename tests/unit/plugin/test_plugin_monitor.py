@@ -407,3 +407,23 @@ def test_sim_backend_reports_the_processes_of_its_file(tmp_path: Path) -> None:
     assert r[1].used_bytes == 300 * MIB and r[1].total_bytes == 16 * GIB
     sim.set_processes([(9, 0, 100)])  # in-process wins over the file
     assert [p.pid for p in sim.readings()[0].processes] == [9] and sim.readings()[1].processes == ()
+
+
+def test_a_pod_the_api_does_not_know_is_not_listed_again_every_poll(node: types.SimpleNamespace) -> None:
+    setup_workload(node)
+    node.proc.put(801, v1_cgroupfs("6d3d4fd3a1b2c3d4e5f60718293a4b5c", 7))  # a static pod: its config hash
+    H100.processes = [*H100.processes, (801, 1 * GIB)]
+    m = monitor(node)
+    usage = m.poll_once()
+    lists = node.kube.calls["list_pods"]
+    for _ in range(5):
+        node.clock.t += 6
+        usage = m.poll_once()
+    assert node.kube.calls["list_pods"] == lists  # until the periodic refresh
+    node.clock.t += 60
+    m.poll_once()
+    assert node.kube.calls["list_pods"] == lists + 1
+    static = [c for c in usage.containers if c.key.pod_uid == "6d3d4fd3a1b2c3d4e5f60718293a4b5c"]
+    assert [(c.key.namespace, c.key.pod, c.used_bytes, c.limit_bytes) for c in static] == [
+        ("", "uid-6d3d4fd3a1b2c3d4e5f60718293a4b5c", 1 * GIB, None)
+    ]
