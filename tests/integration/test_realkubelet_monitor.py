@@ -145,15 +145,13 @@ def test_metrics_show_a_running_containers_memory(mon: Monitored, rns: str) -> N
     gpu = labels(node=mon.node.name, gpu=str(index), uuid=uuid)
     assert samples[("gpushare_gpu_memory_outside_pods_bytes", gpu)] == 100 * MIB
     assert samples[("gpushare_gpu_memory_used_bytes", gpu)] == 3100 * MIB
+
     # the node annotation, and kubectl inspect gpushare reading it
-    published = wait_for(
-        lambda: parse_gpu_usage(raw)
-        if (raw := (cluster.admin.get_node(mon.node.name)["metadata"].get("annotations") or {}).get(ANN_NODE_GPU_USAGE))
-        and f"{rns}/measured" in raw
-        else None,
-        30,
-        "the usage annotation",
-    )
+    def usage_of_pod() -> Any:
+        raw = (cluster.admin.get_node(mon.node.name)["metadata"].get("annotations") or {}).get(ANN_NODE_GPU_USAGE)
+        return parse_gpu_usage(raw) if raw and f"{rns}/measured" in raw else None
+
+    published = wait_for(usage_of_pod, 30, "the usage annotation")
     assert published.pods[f"{rns}/measured"] == {index: 3000}
     report = report_to_dict(build_report(cluster.admin.list_nodes().items, cluster.admin.list_pods().items))
     row = next(n for n in report["nodes"] if n["name"] == mon.node.name)
@@ -192,7 +190,7 @@ def test_kill_ends_only_the_offending_container(mon: Monitored, rns: str) -> Non
 LIST_MOUNTS = [
     "sh",
     "-c",
-    "env; for f in /var/run/nvidia-container-devices/*; do [ -c \"$f\" ] && echo GPUSHARE_TEST_MOUNT=$f; done; "
+    'env; for f in /var/run/nvidia-container-devices/*; do [ -c "$f" ] && echo GPUSHARE_TEST_MOUNT=$f; done; '
     f"echo {ENV_END}; exec sleep 86400",
 ]
 
