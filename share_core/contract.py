@@ -28,6 +28,9 @@ ANNOTATION_PREFIX = "gpushare.io/"
 
 # Node annotation written by the plugin: JSON list of GPUs.
 ANN_NODE_GPUS = ANNOTATION_PREFIX + "gpus"
+# Node annotation written by the plugin when it measures GPU memory: JSON, MiB used per GPU and per pod
+# (share_core/gpuusage.py), rewritten on a change and at a bounded rate; kubectl inspect shows it.
+ANN_NODE_GPU_USAGE = ANNOTATION_PREFIX + "gpu-usage"
 
 # Pod annotations written by the extender at bind, consumed by the plugin.
 ANN_GPU_INDEX = ANNOTATION_PREFIX + "gpu-index"
@@ -60,6 +63,24 @@ EVENT_ALLOCATE_REFUSED = "GpuShareAllocateRefused"  # a pod gpushare cannot serv
 EVENT_RUNS_WITHOUT_GPU = "GpuShareRunsWithoutGpu"  # admitted by kubelet without our Allocate
 EVENT_GPU_ASSIGNED = "GPUShareAssigned"  # the extender bound a pod: which GPU(s), how much of each
 EVENT_BIND_FAILED = "FailedGPUShareBinding"  # the extender could not bind a pod, and why
+EVENT_OVER_LIMIT = "GpuShareOverLimit"  # a container uses more GPU memory than its limit
+EVENT_OVER_LIMIT_KILLED = "GpuShareOverLimitKilled"  # --over-limit kill ended its processes
+
+# Where the MPS control daemon's pipes live on the node and in the containers (--mps).
+ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MPS_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
+DEFAULT_MPS_PIPE_DIR = "/run/gpushare/mps"
+
+# Device list strategies (--device-list-strategy), as NVIDIA's device plugin names them.
+DEVICE_LIST_ENVVAR = "envvar"
+DEVICE_LIST_VOLUME_MOUNTS = "volume-mounts"
+DEVICE_LIST_CDI_CRI = "cdi-cri"
+DEVICE_LIST_STRATEGIES = (DEVICE_LIST_ENVVAR, DEVICE_LIST_VOLUME_MOUNTS, DEVICE_LIST_CDI_CRI)
+# volume-mounts: the NVIDIA container toolkit reads the device list from mounts under this directory
+# (mounted from /dev/null) instead of NVIDIA_VISIBLE_DEVICES, which a pod can set itself.
+VISIBLE_DEVICES_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+# cdi-cri: fully qualified CDI names of the devices the NVIDIA toolkit's CDI spec (nvidia-ctk cdi generate) defines.
+CDI_NVIDIA_GPU_KIND = "nvidia.com/gpu"
 
 # Pod phases whose containers are gone: their memory is free again.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

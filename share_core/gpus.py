@@ -18,9 +18,13 @@ class GpuInfo:
     model: str
     memory: int  # in the resource unit
     healthy: bool = True
+    parent: str = ""  # a MIG instance: the UUID of its physical GPU (absent from the JSON for a whole GPU)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.parent:
+            del out["parent"]
+        return out
 
 
 def format_node_gpus(gpus: list[GpuInfo]) -> str:
@@ -52,6 +56,7 @@ def parse_node_gpus(raw: str) -> list[GpuInfo]:
                     model=str(item.get("model", "")),
                     memory=memory,
                     healthy=bool(item.get("healthy", True)),
+                    parent=str(item.get("parent", "") or ""),
                 )
             )
         except KeyError as exc:

@@ -100,6 +100,13 @@ def _legend(report: Report) -> list[str]:
     return []
 
 
+def _used(mib: int | None, unit: str) -> str:
+    """A measured figure in the report's unit: GiB with one decimal (usage is not whole units), or MiB."""
+    if mib is None:
+        return "-"
+    return f"{mib / 1024:.1f}" if unit == "GiB" else str(mib)
+
+
 def render_summary(report: Report, style: Style = PLAIN) -> str:
     """One row per node, one column per GPU index, PENDING only when some pod waits for a GPU."""
     indices = report.gpu_indices
@@ -108,6 +115,8 @@ def render_summary(report: Report, style: Style = PLAIN) -> str:
     if show_pending:
         header.append("PENDING(Allocated)")
     header.append(f"GPU Memory({report.unit.value})")
+    if report.measured:
+        header.append(f"Used({report.unit.value})")
     rows: list[list[Cell]] = []
     for n in report.nodes:
         by_index = {g.index: g for g in n.gpus}
@@ -116,6 +125,8 @@ def render_summary(report: Report, style: Style = PLAIN) -> str:
         if show_pending:
             row.append((str(n.pending) if n.pending else "0", _YELLOW if n.pending else ""))
         row.append((f"{n.allocated}/{n.total}", _level(n.allocated, n.total)))
+        if report.measured:
+            row.append((_used(n.used_mib, report.unit.value), ""))
         rows.append(row)
     lines = _table(header, rows, style)
     lines.extend(_legend(report))
@@ -127,7 +138,8 @@ def _gpu_line(g: GpuRow, unit: str, style: Style) -> str:
     health = "" if g.healthy else "  " + style.paint("UNHEALTHY", _RED)
     bar = f"  {_bar(g.allocated, g.total, style.bar_width)}" if style.bar_width else ""
     model = g.model or "unknown model"
-    return f"GPU{g.index}:  {model}  {g.uuid}  {g.allocated}/{g.total} {unit}{bar}{health}"
+    used = "" if g.used_mib is None else f"  used {_used(g.used_mib, unit)} {unit}"
+    return f"GPU{g.index}:  {model}  {g.uuid}  {g.allocated}/{g.total} {unit}{used}{bar}{health}"
 
 
 def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
@@ -139,6 +151,9 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
     header = ["NAME", "NAMESPACE", *(f"GPU{i}(Allocated)" for i in indices)]
     if show_pending:
         header.append("PENDING(Allocated)")
+    measured = n.usage_time is not None
+    if measured:
+        header.append(f"USED({unit})")
     rows: list[list[Cell]] = []
     for p in n.pods:
         name = p.name if p.state != "allocating" else f"{p.name} (allocating)"
@@ -146,6 +161,8 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
         row.extend((str(p.gpus.get(i, 0)), "") for i in indices)
         if show_pending:
             row.append((str(p.pending), _YELLOW if p.pending else ""))
+        if measured:
+            row.append((_used(p.used_total_mib, unit), ""))
         rows.append(row)
     allocated: list[Cell] = [("Allocated:", ""), ("", "")]
     total: list[Cell] = [("Total:", ""), ("", "")]
@@ -155,9 +172,19 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
     if show_pending:
         allocated.append((str(n.pending), _YELLOW))
         total.append(("", ""))
+    if measured:
+        allocated.append((_used(n.used_mib, unit), ""))
+        total.append(("", ""))
     rows.extend([allocated, total])
+    if measured:
+        used: list[Cell] = [("Used:", ""), ("", "")]
+        used.extend((_used(g.used_mib, unit), "") for g in n.gpus)
+        used.extend([("", "")] * (len(header) - len(used)))
+        rows.append(used)
     lines.extend(_table(header, rows, style))
     lines.append(f"Node GPU Memory({unit}):  {n.allocated}/{n.total} ({_pct(n.allocated, n.total)}%)")
+    if measured:
+        lines.append(f"Node GPU Memory Used({unit}):  {_used(n.used_mib, unit)} (measured {n.usage_time})")
     return lines
 
 

@@ -20,8 +20,9 @@ from typing import Any
 
 from share_core.accounting import holds_gpu_memory, node_usage
 from share_core.assignment import parse_assignment, pod_annotations, pod_key, pod_node
-from share_core.contract import ANN_ASSIGNED, ANN_NODE_GPUS, RESOURCE_MEM, MemoryUnit
+from share_core.contract import ANN_ASSIGNED, ANN_NODE_GPU_USAGE, ANN_NODE_GPUS, RESOURCE_MEM, MemoryUnit
 from share_core.gpus import GpuInfo, node_gpus
+from share_core.gpuusage import UsageSummary, parse_gpu_usage
 from share_core.request import InvalidRequest, pod_request
 
 Obj = Mapping[str, Any]
@@ -45,6 +46,11 @@ class PodRow:
     state: str
     gpus: dict[int, int] = field(default_factory=dict)
     pending: int = 0
+    used_mib: dict[int, int] | None = None  # measured by the node's plugin, per GPU index (None: not reported)
+
+    @property
+    def used_total_mib(self) -> int | None:
+        return None if self.used_mib is None else sum(self.used_mib.values())
 
     @property
     def allocated(self) -> int:
@@ -59,6 +65,7 @@ class GpuRow:
     healthy: bool
     allocated: int
     total: int
+    used_mib: int | None = None  # measured by the node's plugin (None: not reported)
 
     @property
     def free(self) -> int:
@@ -73,10 +80,17 @@ class NodeRow:
     pods: list[PodRow]
     pending: int = 0
     problems: list[str] = field(default_factory=list)
+    usage_time: str | None = None  # when the plugin measured the `used` figures; None: it reports none
 
     @property
     def allocated(self) -> int:
         return sum(g.allocated for g in self.gpus) + self.pending
+
+    @property
+    def used_mib(self) -> int | None:
+        if self.usage_time is None:
+            return None
+        return sum(g.used_mib or 0 for g in self.gpus)
 
     @property
     def total(self) -> int:
@@ -110,6 +124,11 @@ class Report:
     @property
     def problems(self) -> list[str]:
         return [f"node {n.name}: {p}" for n in self.nodes for p in n.problems]
+
+    @property
+    def measured(self) -> bool:
+        """Some node's plugin reports the GPU memory its containers use."""
+        return any(n.usage_time is not None for n in self.nodes)
 
 
 def percent(used: int, total: int) -> float:
@@ -197,15 +216,43 @@ def _build_node(node: Obj, pods: list[Obj], forced: MemoryUnit | None) -> tuple[
         row.state, row.pending = STATE_PENDING, request.total
         rows[key] = row
         pending += request.total
+    measured = _measured(node, problems)
     node_row = NodeRow(
         name=str(meta.get("name", "")),
         address=node_address(node),
-        gpus=[GpuRow(g.index, g.uuid, g.model, g.healthy, g.used, g.total) for g in usage.gpus],
+        gpus=[
+            GpuRow(
+                g.index,
+                g.uuid,
+                g.model,
+                g.healthy,
+                g.used,
+                g.total,
+                None if measured is None else measured.gpus.get(g.index, 0),
+            )
+            for g in usage.gpus
+        ],
         pods=sorted(rows.values(), key=lambda r: (r.namespace, r.name)),
         pending=pending,
         problems=problems,
+        usage_time=None if measured is None else (measured.time or "unknown"),
     )
+    if measured is not None:
+        for key, row in rows.items():
+            row.used_mib = dict(measured.pods.get(key, {}))
     return node_row, node_unit(gpus, forced)
+
+
+def _measured(node: Obj, problems: list[str]) -> UsageSummary | None:
+    """The plugin's `gpushare.io/gpu-usage` (MiB used per GPU and pod); a garbage one is reported."""
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ANN_NODE_GPU_USAGE)
+    if not raw:
+        return None
+    try:
+        return parse_gpu_usage(raw)
+    except InvalidRequest as exc:
+        problems.append(str(exc))
+        return None
 
 
 def _scale(node: NodeRow, factor: int) -> None:
@@ -250,19 +297,29 @@ def build_report(
     return Report(display, sorted((row for row, _ in built), key=lambda r: r.name))
 
 
+def _with_used(item: dict[str, Any], used_mib: int | None) -> dict[str, Any]:
+    """`usedMiB` only where the node's plugin measures it: reports of unmeasured nodes are unchanged."""
+    if used_mib is not None:
+        item["usedMiB"] = used_mib
+    return item
+
+
 def report_to_dict(report: Report) -> dict[str, Any]:
-    """The stable, documented `-o json|yaml` schema (README.md); additive changes only within v1."""
-    return {
-        "schemaVersion": SCHEMA_VERSION,
-        "unit": report.unit.value,
-        "nodes": [
-            {
-                "name": n.name,
-                "ipAddress": n.address,
-                "allocated": n.allocated,
-                "total": n.total,
-                "pending": n.pending,
-                "gpus": [
+    """The stable, documented `-o json|yaml` schema (README.md); additive changes only within v1.
+
+    `usedMiB` (per node, GPU, pod and pod GPU) and `usageTime` (per node) appear when the node's plugin
+    measures GPU memory (the `gpushare.io/gpu-usage` annotation).
+    """
+    nodes = []
+    for n in report.nodes:
+        node: dict[str, Any] = {
+            "name": n.name,
+            "ipAddress": n.address,
+            "allocated": n.allocated,
+            "total": n.total,
+            "pending": n.pending,
+            "gpus": [
+                _with_used(
                     {
                         "index": g.index,
                         "uuid": g.uuid,
@@ -271,23 +328,39 @@ def report_to_dict(report: Report) -> dict[str, Any]:
                         "allocated": g.allocated,
                         "total": g.total,
                         "free": g.free,
-                    }
-                    for g in n.gpus
-                ],
-                "pods": [
+                    },
+                    g.used_mib,
+                )
+                for g in n.gpus
+            ],
+            "pods": [
+                _with_used(
                     {
                         "namespace": p.namespace,
                         "name": p.name,
                         "state": p.state,
                         "allocated": p.allocated,
-                        "gpus": [{"index": i, "allocated": u} for i, u in sorted(p.gpus.items())],
-                    }
-                    for p in n.pods
-                ],
-                "problems": list(n.problems),
-            }
-            for n in report.nodes
-        ],
+                        "gpus": [
+                            _with_used(
+                                {"index": i, "allocated": u}, None if p.used_mib is None else p.used_mib.get(i, 0)
+                            )
+                            for i, u in sorted(p.gpus.items())
+                        ],
+                    },
+                    p.used_total_mib,
+                )
+                for p in n.pods
+            ],
+            "problems": list(n.problems),
+        }
+        if n.usage_time is not None:
+            node["usedMiB"] = n.used_mib
+            node["usageTime"] = n.usage_time
+        nodes.append(node)
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "unit": report.unit.value,
+        "nodes": nodes,
         "cluster": {
             "nodes": len(report.nodes),
             "gpus": sum(len(n.gpus) for n in report.nodes),

@@ -11,26 +11,54 @@ gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet sta
 from __future__ import annotations
 
 import logging
+import stat
 import threading
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from share_core.assignment import parse_assignment, pod_annotations
-from share_core.contract import ANN_ASSIGNED, EVENT_ALLOCATE_REFUSED, EVENT_RUNS_WITHOUT_GPU, RESOURCE_MEM, MemoryUnit
+from share_core.contract import (
+    ANN_ASSIGNED,
+    DEFAULT_MPS_PIPE_DIR,
+    DEVICE_LIST_ENVVAR,
+    DEVICE_LIST_STRATEGIES,
+    EVENT_ALLOCATE_REFUSED,
+    EVENT_RUNS_WITHOUT_GPU,
+    RESOURCE_MEM,
+    MemoryUnit,
+)
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound
 from share_core.request import InvalidRequest
 from share_plugin.backend import GpuBackend
 from share_plugin.matcher import (
     AllocationError,
+    BindMount,
     Match,
     Pod,
     PodResourcesView,
+    container_cdi_devices,
     container_env,
+    container_mounts,
     match_allocation,
     runs_without_gpu,
 )
 from share_plugin.podresources import PodResourcesUnavailable
 
 log = logging.getLogger(__name__)
+
+
+# The control daemon's named pipe in CUDA_MPS_PIPE_DIRECTORY: CUDA clients reach the daemon through it.
+MPS_CONTROL_PIPE = "control"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAnswer:
+    """One container's part of the Allocate response."""
+
+    envs: dict[str, str]
+    mounts: list[BindMount] = field(default_factory=list)
+    cdi_devices: list[str] = field(default_factory=list)
 
 
 class PodResourcesSource(Protocol):
@@ -48,6 +76,9 @@ class Allocator:
         device_id_strategy: str = "uuid",
         mps: bool = False,
         conflict_retries: int = 5,
+        device_list_strategy: str = DEVICE_LIST_ENVVAR,
+        mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
+        mps_shm_dir: str = "",
     ) -> None:
         self.node = node
         self.kube = kube
@@ -57,6 +88,11 @@ class Allocator:
         self.device_id_strategy = device_id_strategy
         self.mps = mps
         self.conflict_retries = conflict_retries
+        if device_list_strategy not in DEVICE_LIST_STRATEGIES:
+            raise ValueError(f"device list strategy {device_list_strategy!r}: expected one of {DEVICE_LIST_STRATEGIES}")
+        self.device_list_strategy = device_list_strategy
+        self.mps_pipe_dir = mps_pipe_dir
+        self.mps_shm_dir = mps_shm_dir
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
@@ -72,8 +108,28 @@ class Allocator:
             log.warning("node %s: %s; matching by request size and assume time instead", self.node, exc)
             return None
 
-    def allocate(self, device_ids: list[str]) -> dict[str, str]:
-        """The env for the container kubelet is starting with `device_ids`; AllocationError if none."""
+    def mps_problem(self) -> str | None:
+        """Why the MPS control daemon cannot be reached (its control pipe is missing), or None."""
+        pipe = Path(self.mps_pipe_dir) / MPS_CONTROL_PIPE
+        try:
+            if stat.S_ISFIFO(pipe.stat().st_mode):
+                return None
+            return f"{pipe} is not a FIFO"
+        except OSError as exc:
+            return f"{pipe}: {exc.strerror or exc}"
+
+    def allocate(self, device_ids: list[str]) -> ContainerAnswer:
+        """What the container kubelet is starting with `device_ids` gets (env, mounts, CDI devices);
+        AllocationError if none."""
+        if self.mps:
+            problem = self.mps_problem()
+            if problem is not None:
+                # Without the daemon CUDA runs without MPS, i.e. without the hard limit this node promises.
+                raise AllocationError(
+                    f"node {self.node}: the MPS control daemon is not running ({problem}); gpushare runs in MPS mode "
+                    f"and does not hand out GPU memory without its hard limit: start the daemon (chart "
+                    f"devicePlugin.mps) and the pod will be admitted when it is retried"
+                )
         with self._lock:
             try:
                 pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
@@ -93,7 +149,21 @@ class Allocator:
                 for pod in exc.implicated:
                     self._tell(pod, EVENT_ALLOCATE_REFUSED, str(exc))
                 raise
-            env = container_env(match, self.unit, self.device_id_strategy, self.mps)
+            env = container_env(
+                match, self.unit, self.device_id_strategy, self.mps, self.device_list_strategy, self.mps_pipe_dir
+            )
+            answer = ContainerAnswer(
+                env,
+                container_mounts(
+                    match,
+                    self.device_id_strategy,
+                    self.device_list_strategy,
+                    self.mps,
+                    self.mps_pipe_dir,
+                    self.mps_shm_dir,
+                ),
+                container_cdi_devices(match, self.device_id_strategy, self.device_list_strategy),
+            )
             if match.last and not match.assignment.assigned:
                 self._mark_assigned(match)
             self._served.add((match.uid, match.container.name))
@@ -111,7 +181,7 @@ class Allocator:
                 "; pod fully served, marked assigned" if match.last else "",
                 f"; WARNING GPU {unhealthy} is unhealthy" if unhealthy else "",
             )
-            return env
+            return answer
 
     def audit(self) -> int:
         """Find pods kubelet started without our Allocate; log and record an Event once per pod.

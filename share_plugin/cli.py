@@ -12,11 +12,16 @@ import threading
 from share_core.contract import (
     ANN_NODE_GPUS,
     DEFAULT_DEVICE_PLUGIN_DIR,
+    DEFAULT_MPS_PIPE_DIR,
     DEFAULT_POD_RESOURCES_SOCKET,
+    DEVICE_LIST_ENVVAR,
+    DEVICE_LIST_STRATEGIES,
     RESOURCE_COUNT,
     RESOURCE_MEM,
     MemoryUnit,
 )
+from share_plugin.monitor import DEFAULT_INTERVAL
+from share_plugin.usage import OverLimitMode
 
 log = logging.getLogger("share_plugin")
 
@@ -48,7 +53,56 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
     )
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
+    p.add_argument(
+        "--device-list-strategy",
+        choices=list(DEVICE_LIST_STRATEGIES),
+        default=env("DEVICE_LIST_STRATEGY", DEVICE_LIST_ENVVAR),
+        help="how the container runtime learns the GPU: envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts "
+        "(mounts the NVIDIA toolkit reads; a pod cannot forge them), cdi-cri (CDI device names in Allocate)",
+    )
     p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=_env_bool("GPUSHARE_MPS", False))
+    p.add_argument(
+        "--mps-pipe-dir",
+        default=env("GPUSHARE_MPS_PIPE_DIR", DEFAULT_MPS_PIPE_DIR),
+        help="with --mps: the MPS control daemon's pipe directory on the node, mounted into each container",
+    )
+    p.add_argument(
+        "--mps-shm-dir",
+        default=env("GPUSHARE_MPS_SHM_DIR", ""),
+        help="with --mps: the directory on the node the daemon uses as /dev/shm, mounted as each container's /dev/shm",
+    )
+    p.add_argument(
+        "--monitor-interval",
+        type=float,
+        default=float(env("GPUSHARE_MONITOR_INTERVAL", str(DEFAULT_INTERVAL))),
+        help="seconds between polls of the GPU memory each container uses (0: no monitoring, no metrics)",
+    )
+    p.add_argument("--metrics-port", type=int, default=int(env("GPUSHARE_METRICS_PORT", "9445")))
+    p.add_argument("--metrics-address", default=env("GPUSHARE_METRICS_ADDRESS", "0.0.0.0"))
+    p.add_argument(
+        "--over-limit",
+        choices=[m.value for m in OverLimitMode],
+        default=env("GPUSHARE_OVER_LIMIT", OverLimitMode.WARN.value),
+        help="a container over its GPU memory limit: warn (Event, log, metric) or kill (also end its processes "
+        "on that GPU after --over-limit-grace)",
+    )
+    p.add_argument("--over-limit-grace", type=float, default=float(env("GPUSHARE_OVER_LIMIT_GRACE", "30")))
+    p.add_argument(
+        "--proc-root", default=env("GPUSHARE_PROC_ROOT", "/proc"), help="where process cgroups are read (tests)"
+    )
+    p.add_argument("--usage-annotation-interval", type=float, default=30.0, help="seconds between writes, at least")
+    p.add_argument("--usage-annotation-threshold", type=int, default=256, help="MiB a figure must move to be written")
+    p.add_argument(
+        "--inventory-interval",
+        type=float,
+        default=30.0,
+        help="seconds between looks for changed GPUs (a new MIG layout is republished); 0: never",
+    )
+    p.add_argument(
+        "--sim-processes-file",
+        default=env("GPUSHARE_SIM_PROCESSES_FILE"),
+        help='sim backend: JSON list of simulated GPU processes [{"pid": N, "gpu": index, "usedMiB": N}], polled',
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument(
         "--unpublish",
@@ -83,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend == "sim":
             from share_plugin.backend.sim import SimBackend
 
-            backend = SimBackend(args.sim_gpus, args.node_name, health_file=args.sim_health_file)
+            backend = SimBackend(
+                args.sim_gpus,
+                args.node_name,
+                health_file=args.sim_health_file,
+                processes_file=args.sim_processes_file,
+            )
         else:
             from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
 
@@ -98,10 +157,31 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot load the Kubernetes client configuration (%s): %s", args.kubeconfig or "in-cluster", exc)
         return 1
     config = PluginConfig(
-        node=args.node_name, device_plugin_dir=args.device_plugin_dir, unit=unit, health_check=args.health_check
+        node=args.node_name,
+        device_plugin_dir=args.device_plugin_dir,
+        unit=unit,
+        health_check=args.health_check,
+        inventory_interval=args.inventory_interval,
     )
     pod_resources = PodResourcesClient(args.pod_resources_socket, config.resource)
-    allocator = Allocator(args.node_name, kube, backend, unit, pod_resources, args.device_id_strategy, args.mps)
+    allocator = Allocator(
+        args.node_name,
+        kube,
+        backend,
+        unit,
+        pod_resources,
+        args.device_id_strategy,
+        args.mps,
+        device_list_strategy=args.device_list_strategy,
+        mps_pipe_dir=args.mps_pipe_dir,
+        mps_shm_dir=args.mps_shm_dir,
+    )
+    if args.mps and (problem := allocator.mps_problem()) is not None:
+        log.warning(
+            "node %s: MPS mode, but the MPS control daemon is not reachable (%s): Allocate is refused until it is",
+            args.node_name,
+            problem,
+        )
     try:
         plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube))
     except DeviceListTooLarge as exc:
@@ -127,8 +207,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     starter = threading.Thread(target=plugin.start, name="start", daemon=True)
     starter.start()
+    metrics_server = None
+    if args.monitor_interval > 0:
+        from share_plugin import metrics
+        from share_plugin.monitor import Monitor, ProcFs
+
+        monitor = Monitor(
+            args.node_name,
+            backend,
+            kube,
+            unit,
+            mode=OverLimitMode(args.over_limit),
+            grace=args.over_limit_grace,
+            interval=args.monitor_interval,
+            proc=ProcFs(args.proc_root),
+            annotation_interval=args.usage_annotation_interval,
+            annotation_threshold_mib=args.usage_annotation_threshold,
+        )
+        try:
+            metrics_server = metrics.serve(monitor, args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            log.error("node %s: cannot serve metrics on port %d: %s", args.node_name, args.metrics_port, exc)
+            return 1
+        threading.Thread(target=monitor.run, args=(stop,), name="monitor", daemon=True).start()
+        log.info(
+            "node %s: measuring GPU memory per container every %.0fs, over-limit %s (grace %.0fs)",
+            args.node_name,
+            args.monitor_interval,
+            args.over_limit,
+            args.over_limit_grace,
+        )
     stop.wait()
     starter.join(timeout=5)
+    if metrics_server is not None:
+        metrics_server.shutdown()
     plugin.stop()
     pod_resources.close()
     return 0

@@ -40,7 +40,7 @@ def gpu_units(gpu: Gpu, unit: MemoryUnit) -> int:
 
 def gpu_infos(gpus: list[Gpu], unit: MemoryUnit) -> list[GpuInfo]:
     """What the node annotation `gpushare.io/gpus` publishes."""
-    return [GpuInfo(g.index, g.uuid, g.model, gpu_units(g, unit), g.healthy) for g in gpus]
+    return [GpuInfo(g.index, g.uuid, g.model, gpu_units(g, unit), g.healthy, g.parent_uuid) for g in gpus]
 
 
 def device_list(gpus: list[Gpu], unit: MemoryUnit) -> pb.ListAndWatchResponse:

@@ -36,6 +36,11 @@ from typing import Any
 from share_core.accounting import node_usage
 from share_core.assignment import Assignment, parse_assignment, pod_annotations, pod_is_finished, pod_key
 from share_core.contract import (
+    CDI_NVIDIA_GPU_KIND,
+    DEFAULT_MPS_PIPE_DIR,
+    DEVICE_LIST_CDI_CRI,
+    DEVICE_LIST_ENVVAR,
+    DEVICE_LIST_VOLUME_MOUNTS,
     ENV_ALIYUN_CONTAINER,
     ENV_ALIYUN_DEV,
     ENV_ALIYUN_IDX,
@@ -44,8 +49,10 @@ from share_core.contract import (
     ENV_MEM_LIMIT_MIB,
     ENV_MEM_TOTAL_MIB,
     ENV_MPS_PINNED_LIMIT,
+    ENV_MPS_PIPE_DIRECTORY,
     ENV_VISIBLE_DEVICES,
     RESOURCE_MEM,
+    VISIBLE_DEVICES_MOUNT_ROOT,
     MemoryUnit,
 )
 from share_core.request import ContainerRequest, InvalidRequest, pod_request
@@ -418,15 +425,23 @@ def _check_capacity(node: str, cand: _Candidate, pods: Sequence[Pod], gpus: Sequ
 
 
 def container_env(
-    match: Match, unit: MemoryUnit, device_id_strategy: str = "uuid", mps: bool = False
+    match: Match,
+    unit: MemoryUnit,
+    device_id_strategy: str = "uuid",
+    mps: bool = False,
+    device_list_strategy: str = DEVICE_LIST_ENVVAR,
+    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
 ) -> dict[str, str]:
-    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total."""
+    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total.
+
+    `NVIDIA_VISIBLE_DEVICES` carries the device list only with the envvar strategy; with volume-mounts it
+    points at the mount directory (as NVIDIA's plugin does), and with cdi-cri it is left out: the CDI device
+    names are the list. Our limit env is there in every mode.
+    """
     count = len(match.gpus)
-    ids = [g.uuid if device_id_strategy == "uuid" else str(g.index) for g in match.gpus]
     limit_mib = match.container.units * unit.mib // count
     per_gpu_units = match.container.units // count
     env = {
-        ENV_VISIBLE_DEVICES: ",".join(ids),
         ENV_MEM_LIMIT_MIB: str(limit_mib),
         ENV_MEM_TOTAL_MIB: ",".join(str(g.memory_mib) for g in match.gpus),
         ENV_GPU_INDEX: ",".join(str(g.index) for g in match.gpus),
@@ -435,6 +450,58 @@ def container_env(
         ENV_ALIYUN_IDX: ",".join(str(g.index) for g in match.gpus),
         ENV_ALIYUN_POD: str(match.pod_total),
     }
+    if device_list_strategy == DEVICE_LIST_ENVVAR:
+        env[ENV_VISIBLE_DEVICES] = ",".join(visible_ids(match.gpus, device_id_strategy))
+    elif device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
+        env[ENV_VISIBLE_DEVICES] = VISIBLE_DEVICES_MOUNT_ROOT
     if mps:
-        env[ENV_MPS_PINNED_LIMIT] = ",".join(f"{i}={limit_mib}M" for i in ids)
+        # Device ordinals as CUDA numbers them inside the container, which sees only its GPUs, in this order
+        # (NVIDIA MPS documentation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: "0=1G,1=512MB").
+        env[ENV_MPS_PINNED_LIMIT] = ",".join(f"{n}={limit_mib}M" for n in range(count))
+        env[ENV_MPS_PIPE_DIRECTORY] = mps_pipe_dir
     return env
+
+
+def visible_ids(gpus: Sequence[Gpu], device_id_strategy: str) -> list[str]:
+    """How the NVIDIA toolkit names each GPU: its UUID (a MIG instance's `MIG-…`), or its index (`<gpu>:<mig>`)."""
+    return [g.uuid if device_id_strategy == "uuid" else g.device_index for g in gpus]
+
+
+@dataclass(frozen=True, slots=True)
+class BindMount:
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+def container_mounts(
+    match: Match,
+    device_id_strategy: str,
+    device_list_strategy: str,
+    mps: bool,
+    mps_pipe_dir: str,
+    mps_shm_dir: str = "",
+) -> list[BindMount]:
+    """volume-mounts: one `/dev/null` mount per GPU at `/var/run/nvidia-container-devices/<id>`, which the
+    NVIDIA toolkit reads with `accept-nvidia-visible-devices-as-volume-mounts = true` (NVIDIA k8s-device-plugin
+    does the same); MPS: the control daemon's pipe directory, where CUDA finds the daemon, and the daemon's
+    shared memory as /dev/shm (MPS clients and server share memory; a pod has its own IPC namespace)."""
+    out = []
+    if device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
+        out += [
+            BindMount(f"{VISIBLE_DEVICES_MOUNT_ROOT}/{i}", "/dev/null")
+            for i in visible_ids(match.gpus, device_id_strategy)
+        ]
+    if mps:
+        out.append(BindMount(mps_pipe_dir, mps_pipe_dir, read_only=False))
+        if mps_shm_dir:
+            out.append(BindMount("/dev/shm", mps_shm_dir, read_only=False))
+    return out
+
+
+def container_cdi_devices(match: Match, device_id_strategy: str, device_list_strategy: str) -> list[str]:
+    """cdi-cri: fully qualified CDI names (`nvidia.com/gpu=<uuid or index>`) of the devices the NVIDIA
+    toolkit's generated CDI spec defines; the runtime injects them when it has CDI enabled."""
+    if device_list_strategy != DEVICE_LIST_CDI_CRI:
+        return []
+    return [f"{CDI_NVIDIA_GPU_KIND}={i}" for i in visible_ids(match.gpus, device_id_strategy)]

@@ -28,7 +28,7 @@ from share_plugin.allocator import Allocator
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import deviceplugin_v1beta1_pb2_grpc as pbgrpc
 from share_plugin.backend import GpuBackend
-from share_plugin.devices import check_device_ids, check_message_size, device_list, gpu_infos
+from share_plugin.devices import DeviceListTooLarge, check_device_ids, check_message_size, device_list, gpu_infos
 from share_plugin.matcher import AllocationError
 from share_plugin.publisher import Publisher
 
@@ -44,6 +44,7 @@ class PluginConfig:
     resource: str = RESOURCE_MEM
     watch_interval: float = 0.2  # seconds between looks at kubelet.sock and our socket
     audit_interval: float = 15.0  # seconds between looks for pods kubelet started without our Allocate
+    inventory_interval: float = 30.0  # seconds between looks for changed GPUs (MIG layout); 0: never
 
     @property
     def socket_path(self) -> str:
@@ -99,14 +100,23 @@ class DevicePluginServicer(pbgrpc.DevicePluginServicer):
         out = pb.AllocateResponse()
         for creq in request.container_requests:
             try:
-                env = self.plugin.allocator.allocate(list(creq.devices_ids))
+                answer = self.plugin.allocator.allocate(list(creq.devices_ids))
             except AllocationError as exc:
                 log.error("Allocate failed: %s", exc)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except Exception as exc:
                 log.exception("Allocate of %d devices failed unexpectedly", len(creq.devices_ids))
                 context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.config.node}: Allocate failed: {exc}")
-            out.container_responses.append(pb.ContainerAllocateResponse(envs=env))
+            out.container_responses.append(
+                pb.ContainerAllocateResponse(
+                    envs=answer.envs,
+                    mounts=[
+                        pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                        for m in answer.mounts
+                    ],
+                    cdi_devices=[pb.CDIDevice(name=n) for n in answer.cdi_devices],
+                )
+            )
         return out
 
     def PreStartContainer(
@@ -172,6 +182,39 @@ class DevicePlugin:
             self._cond.notify_all()
         if self.publisher:
             self.publisher.publish(gpu_infos(gpus, self.config.unit))
+
+    def refresh_inventory(self) -> bool:
+        """Enumerate the GPUs again; a changed list (a new MIG layout) is sent to kubelet and republished."""
+        if not self.backend.refresh():
+            return False
+        gpus = self.backend.gpus()
+        try:
+            check_device_ids(gpus, self.config.unit)
+            devices = device_list(gpus, self.config.unit)
+            size = check_message_size(devices, gpus, self.config.unit)
+        except DeviceListTooLarge as exc:
+            log.error("node %s: the GPUs changed but cannot be advertised: %s", self.config.node, exc)
+            return False
+        with self._cond:
+            self._devices, self.message_bytes = devices, size
+            self._version += 1
+            self._cond.notify_all()
+        log.warning(
+            "node %s: the GPUs changed: now %s; %d devices sent to kubelet, node annotation republished",
+            self.config.node,
+            ", ".join(f"{g.index}:{g.uuid}:{g.memory_mib}MiB" for g in gpus),
+            len(devices.devices),
+        )
+        if self.publisher:
+            self.publisher.publish(gpu_infos(gpus, self.config.unit))
+        return True
+
+    def _watch_inventory(self) -> None:
+        while not self.stopping.wait(self.config.inventory_interval):
+            try:
+                self.refresh_inventory()
+            except Exception:
+                log.exception("node %s: looking for changed GPUs failed", self.config.node)
 
     # -- serving and registration --------------------------------------------------------------------
 
@@ -283,6 +326,10 @@ class DevicePlugin:
         t = threading.Thread(target=self._watch_kubelet, name="kubelet-watch", daemon=True)
         t.start()
         self._threads.append(t)
+        if self.config.inventory_interval > 0:
+            t = threading.Thread(target=self._watch_inventory, name="inventory", daemon=True)
+            t.start()
+            self._threads.append(t)
         if self.config.audit_interval > 0:
             t = threading.Thread(target=self._audit, name="audit", daemon=True)
             t.start()

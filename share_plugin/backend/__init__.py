@@ -10,10 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from share_plugin.usage import GpuReading
+
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One physical GPU as the backend sees it; memory in bytes so every unit can be derived."""
+    """One GPU the plugin offers: a whole GPU, or one MIG instance of a GPU in MIG mode.
+
+    Memory in bytes so every unit can be derived. `index` is the position on the node (what the node
+    annotation and the pod annotations carry); `device` is what NVIDIA's toolkit calls it by index in
+    NVIDIA_VISIBLE_DEVICES: the NVML index, or `<gpu>:<mig device>` for a MIG instance. `parent_uuid` is the
+    physical GPU of a MIG instance ("" for a whole GPU).
+    """
 
     index: int
     uuid: str
@@ -21,6 +29,16 @@ class Gpu:
     memory_bytes: int
     minor: int
     healthy: bool = True
+    device: str = ""
+    parent_uuid: str = ""
+
+    @property
+    def device_index(self) -> str:
+        return self.device or str(self.index)
+
+    @property
+    def physical_uuid(self) -> str:
+        return self.parent_uuid or self.uuid
 
     @property
     def memory_mib(self) -> int:
@@ -40,6 +58,14 @@ class GpuBackend(Protocol):
 
     def watch_health(self, stop: threading.Event, on_change: HealthCallback) -> None:
         """Block until `stop` is set, calling `on_change` for every health change."""
+        ...
+
+    def readings(self) -> list[GpuReading]:
+        """Each offered GPU's used memory and compute processes now (the monitor polls this)."""
+        ...
+
+    def refresh(self) -> bool:
+        """Look at the GPUs again (a MIG layout may have changed); True when the offered list changed."""
         ...
 
     def close(self) -> None: ...

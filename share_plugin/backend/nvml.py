@@ -1,17 +1,29 @@
-"""The real backend: GPUs and their health from the NVIDIA driver through NVML (nvidia-ml-py).
+"""The real backend: GPUs, their health and their memory use from the NVIDIA driver through NVML (nvidia-ml-py).
 
 `pynvml` is imported lazily, inside `NvmlBackend`, so the sim backend and the tests run on machines
 without a driver. Health follows NVIDIA's k8s-device-plugin: critical XID events mark a GPU unhealthy;
 application XIDs (a crashing CUDA program, not a sick GPU) are ignored.
+
+MIG: a GPU in MIG mode (nvmlDeviceGetMigMode current = enabled) is offered as its MIG instances, each a
+GPU of its own (its `MIG-…` UUID, its name such as "NVIDIA A100-SXM4-40GB MIG 3g.20gb", its own memory),
+found with nvmlDeviceGetMaxMigDeviceCount and nvmlDeviceGetMigDeviceHandleByIndex (NVML reference,
+"Multi Instance GPU Management"). A whole-GPU UUID gives a container nothing usable on such a GPU. GPUs not
+in MIG mode on the same node are offered whole. `refresh` enumerates again, so a changed MIG layout is
+republished. XID events are registered on the physical GPU and mark all of its instances.
+
+Memory use: nvmlDeviceGetMemoryInfo(handle).used and nvmlDeviceGetComputeRunningProcesses(handle) per
+offered GPU (on a MIG handle, that instance's processes). PIDs are in the host's PID namespace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
 
 from share_plugin.backend import BackendError, Gpu, HealthCallback
+from share_plugin.usage import GpuProcess, GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -54,59 +66,136 @@ class NvmlBackend:
             ) from exc
         self.ignored_xids = ignored_xids
         self._lock = threading.Lock()
-        self._gpus = self._enumerate()
-        log.info(
-            "NVML driver %s: %s",
-            _text(pynvml.nvmlSystemGetDriverVersion()),
-            ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB:{g.uuid}" for g in self._gpus) or "no GPUs",
-        )
+        self._gpus, self._handles = self._enumerate()
+        log.info("NVML driver %s: %s", _text(pynvml.nvmlSystemGetDriverVersion()), _describe(self._gpus))
 
-    def _enumerate(self) -> list[Gpu]:
+    def _enumerate(self) -> tuple[list[Gpu], dict[str, Any]]:
+        """Offered GPUs in order (whole GPUs, or the MIG instances of a GPU in MIG mode) and their handles."""
         nv = self._nvml
-        out = []
+        out: list[Gpu] = []
+        handles: dict[str, Any] = {}
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             try:
                 minor = int(nv.nvmlDeviceGetMinorNumber(h))
             except nv.NVMLError:
                 minor = i
-            out.append(
-                Gpu(
-                    index=i,
-                    uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                    model=_text(nv.nvmlDeviceGetName(h)),
-                    memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
-                    minor=minor,
+            uuid = _text(nv.nvmlDeviceGetUUID(h))
+            handles[uuid] = h
+            if not self._mig_enabled(h):
+                out.append(
+                    Gpu(
+                        index=len(out),
+                        uuid=uuid,
+                        model=_text(nv.nvmlDeviceGetName(h)),
+                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
+                        minor=minor,
+                        device=str(i),
+                    )
                 )
-            )
-        return out
+                continue
+            for j in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(h))):
+                try:
+                    mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                except nv.NVMLError:
+                    continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
+                mig_uuid = _text(nv.nvmlDeviceGetUUID(mh))
+                handles[mig_uuid] = mh
+                out.append(
+                    Gpu(
+                        index=len(out),
+                        uuid=mig_uuid,
+                        model=_text(nv.nvmlDeviceGetName(mh)),
+                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(mh).total),
+                        minor=minor,
+                        device=f"{i}:{j}",
+                        parent_uuid=uuid,
+                    )
+                )
+        return out, handles
+
+    def _mig_enabled(self, handle: Any) -> bool:
+        nv = self._nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        except nv.NVMLError:
+            return False  # NVML_ERROR_NOT_SUPPORTED: a GPU without MIG
+        return int(current) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
 
     def gpus(self) -> list[Gpu]:
         with self._lock:
             return list(self._gpus)
 
-    def _mark(self, uuid: str, healthy: bool) -> bool:
+    def refresh(self) -> bool:
+        """Enumerate again; keep each GPU's health by UUID. True when the offered GPUs changed."""
+        try:
+            gpus, handles = self._enumerate()
+        except self._nvml.NVMLError as exc:
+            log.warning("NVML: cannot enumerate the GPUs again (%s): keeping the known list", exc)
+            return False
+        with self._lock:
+            health = {g.uuid: g.healthy for g in self._gpus}
+            gpus = [dataclasses.replace(g, healthy=health.get(g.uuid, True)) for g in gpus]
+            changed = gpus != self._gpus
+            if changed:
+                log.warning(
+                    "NVML: the GPUs changed (a MIG layout?): was %s, now %s",
+                    _describe(self._gpus),
+                    _describe(gpus),
+                )
+            self._gpus, self._handles = gpus, handles
+        return changed
+
+    def readings(self) -> list[GpuReading]:
+        """Used memory and compute processes of every offered GPU; a GPU NVML cannot read is left out."""
+        nv = self._nvml
+        out = []
+        for g in self.gpus():
+            h = self._handles.get(g.uuid)
+            if h is None:
+                continue
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                procs = nv.nvmlDeviceGetComputeRunningProcesses(h)
+            except nv.NVMLError as exc:
+                log.warning("GPU %d %s: NVML cannot read its memory use: %s", g.index, g.uuid, exc)
+                continue
+            out.append(
+                GpuReading(
+                    g.index,
+                    g.uuid,
+                    int(mem.total),
+                    int(mem.used),
+                    # usedGpuMemory is None where NVML cannot tell (NVML_VALUE_NOT_AVAILABLE, e.g. Windows WDDM)
+                    tuple(GpuProcess(g.uuid, int(p.pid), int(p.usedGpuMemory or 0)) for p in procs),
+                )
+            )
+        return out
+
+    def _mark(self, uuid: str, healthy: bool) -> list[str]:
+        """Set the health of the offered GPU `uuid`, or of every MIG instance of the physical GPU `uuid`."""
+        changed = []
         with self._lock:
             for i, g in enumerate(self._gpus):
-                if g.uuid == uuid and g.healthy != healthy:
-                    self._gpus[i] = Gpu(g.index, g.uuid, g.model, g.memory_bytes, g.minor, healthy)
-                    return True
-        return False
+                if uuid in (g.uuid, g.parent_uuid) and g.healthy != healthy:
+                    self._gpus[i] = dataclasses.replace(g, healthy=healthy)
+                    changed.append(g.uuid)
+        return changed
 
     def watch_health(self, stop: threading.Event, on_change: HealthCallback) -> None:
         """Wait for XID events; a critical one marks its GPU unhealthy (until the plugin restarts)."""
         nv = self._nvml
         event_set = nv.nvmlEventSetCreate()
         try:
-            for g in self.gpus():
-                h = nv.nvmlDeviceGetHandleByUUID(g.uuid)
+            for physical in dict.fromkeys(g.physical_uuid for g in self.gpus()):
+                h = nv.nvmlDeviceGetHandleByUUID(physical)
                 try:
                     nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, event_set)
                 except nv.NVMLError as exc:
                     # Without events we cannot see the GPU fail; NVIDIA's plugin marks it unhealthy.
-                    log.warning("GPU %d %s: cannot watch XID events (%s): marking it unhealthy", g.index, g.uuid, exc)
-                    if self._mark(g.uuid, False):
-                        on_change(g.uuid, False, f"XID events unsupported: {exc}")
+                    log.warning("GPU %s: cannot watch XID events (%s): marking it unhealthy", physical, exc)
+                    for u in self._mark(physical, False):
+                        on_change(u, False, f"XID events unsupported: {exc}")
             while not stop.is_set():
                 try:
                     event = nv.nvmlEventSetWait_v2(event_set, 1000)
@@ -115,8 +204,8 @@ class NvmlBackend:
                         continue
                     log.error("NVML event wait failed (%s): marking every GPU unhealthy", exc)
                     for g in self.gpus():
-                        if self._mark(g.uuid, False):
-                            on_change(g.uuid, False, f"NVML event wait failed: {exc}")
+                        for u in self._mark(g.uuid, False):
+                            on_change(u, False, f"NVML event wait failed: {exc}")
                     stop.wait(5)
                     continue
                 xid = int(event.eventData)
@@ -127,8 +216,8 @@ class NvmlBackend:
                     log.info("GPU %s: XID %d is an application error: ignored", uuid, xid)
                     continue
                 log.warning("GPU %s: critical XID %d: marking it unhealthy", uuid, xid)
-                if self._mark(uuid, False):
-                    on_change(uuid, False, f"XID {xid}")
+                for u in self._mark(uuid, False):
+                    on_change(u, False, f"XID {xid}")
         finally:
             nv.nvmlEventSetFree(event_set)
 
@@ -137,3 +226,7 @@ class NvmlBackend:
             self._nvml.nvmlShutdown()
         except Exception as exc:  # shutting down: nothing to do but say so
             log.debug("nvmlShutdown: %s", exc)
+
+
+def _describe(gpus: list[Gpu]) -> str:
+    return ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB:{g.uuid}" for g in gpus) or "no GPUs"

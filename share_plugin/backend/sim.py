@@ -3,11 +3,17 @@
 UUIDs derive from the node name and GPU index, so a restarted plugin advertises the same devices.
 Health can be changed at run time in-process (`set_health`) or from another process through a
 health file the backend polls: one line per unhealthy GPU, each an index or a UUID (`#` comments).
+
+Memory use is simulated the same two ways (`set_processes`, or `--sim-processes-file`, read at each poll):
+a JSON list of `{"pid": <host PID>, "gpu": <index or UUID>, "usedMiB": <n>}`, the compute processes NVML
+would list. The PIDs are real: the monitor maps them through `/proc/<pid>/cgroup` exactly as with NVML, so a
+test names a real container's process and sees its pod and container come out.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -16,6 +22,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 from share_plugin.backend import BackendError, Gpu, HealthCallback
+from share_plugin.usage import GpuProcess, GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +66,21 @@ def sim_uuid(node: str, index: int) -> str:
 class SimBackend:
     name = "sim"
 
-    def __init__(self, spec: str, node: str, health_file: str | None = None, poll_interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        spec: str,
+        node: str,
+        health_file: str | None = None,
+        poll_interval: float = 0.2,
+        processes_file: str | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._gpus = [
             Gpu(i, sim_uuid(node, i), model, n_bytes, minor=i)
             for i, (model, n_bytes) in enumerate(parse_sim_gpus(spec))
         ]
+        self.processes_file = processes_file
+        self._processes: list[GpuProcess] | None = None  # set in-process; else the file
         self._forced: dict[str, bool] = {}  # uuid -> healthy, set in-process
         self._changed = threading.Event()
         self.health_file = health_file
@@ -127,6 +143,51 @@ class SimBackend:
             self._refresh(on_change)
             self._changed.wait(self.poll_interval)
             self._changed.clear()
+
+    def set_processes(self, processes: list[tuple[int, int | str, int]]) -> None:
+        """Simulate compute processes: (pid, GPU index or UUID, MiB used) each (tests, in-process)."""
+        out = []
+        for pid, gpu_key, mib in processes:
+            gpu = self._find(str(gpu_key))
+            if gpu is None:
+                raise KeyError(f"no simulated GPU {gpu_key!r}")
+            out.append(GpuProcess(gpu.uuid, pid, mib * 1024 * 1024))
+        with self._lock:
+            self._processes = out
+
+    def _file_processes(self) -> list[GpuProcess]:
+        if not self.processes_file:
+            return []
+        try:
+            data = json.loads(Path(self.processes_file).read_text() or "[]")
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.warning("sim processes file %s unreadable: %s", self.processes_file, exc)
+            return []
+        out = []
+        for item in data if isinstance(data, list) else []:
+            try:
+                gpu = self._find(str(item["gpu"]))
+                if gpu is not None:
+                    out.append(GpuProcess(gpu.uuid, int(item["pid"]), int(item["usedMiB"]) * 1024 * 1024))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("sim processes file %s: bad entry %r: %s", self.processes_file, item, exc)
+        return out
+
+    def readings(self) -> list[GpuReading]:
+        with self._lock:
+            processes = self._processes
+        if processes is None:
+            processes = self._file_processes()
+        out = []
+        for g in self.gpus():
+            mine = tuple(p for p in processes if p.gpu_uuid == g.uuid)
+            out.append(GpuReading(g.index, g.uuid, g.memory_bytes, sum(p.used_bytes for p in mine), mine))
+        return out
+
+    def refresh(self) -> bool:
+        return False  # simulated GPUs never change their layout
 
     def close(self) -> None:
         self._changed.set()

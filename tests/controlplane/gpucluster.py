@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -426,15 +426,21 @@ def plugin_argv(
     pod_resources_socket: str | Path,
     kubeconfig: str | Path | None,
     health_file: str | Path | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """`share-plugin --backend sim` for one node, as the DaemonSet runs it (one place for every harness)."""
+    """`share-plugin --backend sim` for one node, as the DaemonSet runs it (one place for every harness).
+
+    Metrics go to an ephemeral port on loopback (many plugins share this host); `extra` flags come last
+    and win.
+    """
     argv = [sys.executable, "-m", "share_plugin", "--backend", "sim", "--sim-gpus", sim_gpus, "--node-name", node]
     if health_file is not None:
         argv += ["--sim-health-file", str(health_file)]
     argv += ["--device-plugin-dir", str(device_plugin_dir), "--pod-resources-socket", str(pod_resources_socket)]
     if kubeconfig is not None:
         argv += ["--kubeconfig", str(kubeconfig)]
-    return [*argv, "--log-level", "INFO"]
+    argv += ["--metrics-address", "127.0.0.1", "--metrics-port", "0"]
+    return [*argv, "--log-level", "INFO", *extra]
 
 
 def pod_spec(

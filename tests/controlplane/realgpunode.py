@@ -109,6 +109,7 @@ class RealGpuNode:
         self.plugin: ManagedProcess | None = None
         self.plugin_starts = 0
         self.plugin_pod_resources: str | None = None  # set when the plugin was given another socket
+        self.plugin_args: list[str] = []  # extra share-plugin flags, kept across restarts
 
     @property
     def units(self) -> int:
@@ -125,8 +126,12 @@ class RealGpuNode:
 
     # -- the plugin ------------------------------------------------------------------------------
 
-    def start_plugin(self, pod_resources_socket: str | None = None, timeout: float = 60.0) -> None:
+    def start_plugin(
+        self, pod_resources_socket: str | None = None, timeout: float = 60.0, extra_args: list[str] | None = None
+    ) -> None:
         """Start the plugin and wait until kubelet advertises its devices on the Node."""
+        if extra_args is not None:
+            self.plugin_args = list(extra_args)
         if self.cluster.plugin_kubeconfig is None:
             self.cluster.install_rbac()
         self.plugin_starts += 1
@@ -139,6 +144,7 @@ class RealGpuNode:
                 self.node.device_plugin_dir,
                 pod_resources_socket or self.node.pod_resources_socket,
                 self.cluster.plugin_kubeconfig,
+                extra=self.plugin_args,
             ),
             self.cluster.workdir / "logs" / f"plugin-{self.name}.log",
         )

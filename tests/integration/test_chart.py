@@ -28,31 +28,32 @@ pytestmark = pytest.mark.integration
 
 NAMESPACE = "gpushare-chart-test"
 
-# A stand-in for the Prometheus operator's CRD: enough for the API server to serve
-# monitoring.coreos.com/v1 and accept the chart's ServiceMonitor.
-SERVICE_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {
-        "group": "monitoring.coreos.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "ServiceMonitor",
-            "listKind": "ServiceMonitorList",
-            "plural": "servicemonitors",
-            "singular": "servicemonitor",
+
+def _monitoring_crd(kind: str) -> dict[str, Any]:
+    """A stand-in for one of the Prometheus operator's CRDs: enough for the API server to serve
+    monitoring.coreos.com/v1 and accept the chart's ServiceMonitor and PodMonitor."""
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+                }
+            ],
         },
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-            }
-        ],
-    },
-}
+    }
+
+
+MONITORING_CRDS = [_monitoring_crd("ServiceMonitor"), _monitoring_crd("PodMonitor")]
 
 
 def _yaml(docs: list[Obj]) -> str:
@@ -73,14 +74,16 @@ def kube_version(cluster: ControlPlane) -> str:
 
 @pytest.fixture(scope="module")
 def service_monitor_api(cluster: ControlPlane) -> Iterator[None]:
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servicemonitors.monitoring.coreos.com")
+    for crd in MONITORING_CRDS:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(crd))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd['metadata']['name']}")
     deadline = time.monotonic() + 30
     while MONITORING_API not in cluster.kubectl("api-versions").stdout.split():
         assert time.monotonic() < deadline, "monitoring.coreos.com/v1 never served"
         time.sleep(0.5)
     yield
-    cluster.kubectl("delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=false", check=False)
+    for crd in MONITORING_CRDS:
+        cluster.kubectl("delete", "crd", crd["metadata"]["name"], "--wait=false", check=False)
 
 
 def _dry_run(cluster: ControlPlane, docs: list[Obj]) -> None:
@@ -102,7 +105,7 @@ def test_all_options_pass_server_side_dry_run(
     cluster: ControlPlane, kube_version: str, service_monitor_api: None
 ) -> None:
     docs = render_chart([ALL_OPTIONS], namespace=NAMESPACE, kube_version=kube_version, api_versions=[MONITORING_API])
-    assert one(docs, "ServiceMonitor")
+    assert one(docs, "ServiceMonitor") and one(docs, "PodMonitor")
     _dry_run(cluster, docs)
 
 

@@ -196,6 +196,8 @@ class DeviceManager:
         self.updates = 0
         self.last_message_bytes = 0
         self.allocate_calls: list[AllocateCall] = []
+        # (pod uid, container) -> the plugin's whole answer (mounts, CDI devices: kubelet hands them to the runtime)
+        self.responses: dict[tuple[str, str], pb.ContainerAllocateResponse] = {}
         self._channel: grpc.Channel | None = None
         self._stub: pbgrpc.DevicePluginStub | None = None
         self._generation = 0
@@ -475,6 +477,7 @@ class DeviceManager:
             raise DeviceManagerError(f"no containers return in allocation response {resp}")
         with self.lock:
             env = dict(resp.container_responses[0].envs)
+            self.responses[(uid, name)] = resp.container_responses[0]
             numa = {d: self.topology[d] for d in devs if self.topology.get(d)}
             self.pod_devices.setdefault(uid, {})[name] = ContainerAllocation(tuple(devs), env, numa)
             self.changed.notify_all()

@@ -99,6 +99,10 @@ def test_all_options_sets_every_key_of_values_yaml() -> None:
         ({"logLevel": "verbose"}, "logLevel"),
         ({"scheduler.bogus": 1}, "bogus"),
         ({"serviceMonitor.enabled": "true"}, "enabled"),
+        ({"devicePlugin.deviceListStrategy": "annotations"}, "deviceListStrategy"),
+        ({"devicePlugin.monitor.overLimit": "evict"}, "overLimit"),
+        ({"devicePlugin.monitor.interval": 0}, "interval"),
+        ({"devicePlugin.mpsRoot": "run/mps"}, "mpsRoot"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
@@ -271,22 +275,37 @@ def test_daemonset_mounts_and_env(docs: list[Obj]) -> None:
         assert mounts[name]["mountPath"] == host["path"], "same path inside as kubelet uses outside"
     assert mounts["pod-resources"].get("readOnly") is True
     assert not mounts["device-plugins"].get("readOnly")
-    hostpaths = [v for v in spec["volumes"] if "hostPath" in v]
-    assert len(hostpaths) == 2, "nothing else of the host is mounted"
+    hostpaths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mps = [v["hostPath"]["path"] for v in spec["volumes"] if v["name"].startswith("mps")]
+    assert len(hostpaths - set(mps)) == 2, "nothing else of the host is mounted (MPS: its own directories)"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+    # the monitor (on in both) maps NVML's host PIDs through /proc/<pid>/cgroup: the host PID namespace
+    assert spec["hostPID"] is True
+    assert not spec.get("hostNetwork") and not spec.get("hostIPC")
 
 
-@both
-def test_daemonset_security_context_is_tight(docs: list[Obj]) -> None:
-    sc = h.container(daemonset(docs), "device-plugin")["securityContext"]
+def test_daemonset_security_context_is_tight(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    for docs, caps in ((default_docs, {"drop": ["ALL"]}), (all_docs, {"drop": ["ALL"], "add": ["KILL"]})):
+        _tight(h.container(daemonset(docs), "device-plugin")["securityContext"], caps)
+
+
+def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
+    docs = h.render_chart(set_values={"devicePlugin.monitor.enabled": False}, kube_version=KUBE_VERSION)
+    ds = daemonset(docs)
+    assert not pod_spec(ds).get("hostPID")
+    c = h.container(ds, "device-plugin")
+    assert "--monitor-interval=0" in c["args"] and "ports" not in c
+
+
+def _tight(sc: Obj, caps: Obj) -> None:
+    """Only --over-limit kill adds a capability, KILL, to signal other users' processes."""
     assert sc["privileged"] is False
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
-    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["capabilities"] == caps
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert sc["runAsUser"] == 0, "root: the kubelet socket dir and sockets are root-owned"
 
@@ -307,7 +326,8 @@ def test_plugin_args_are_accepted_by_share_plugin(docs: list[Obj]) -> None:
 def test_plugin_options_default(default_docs: list[Obj]) -> None:
     from share_plugin.cli import build_parser
 
-    args = build_parser().parse_args(h.container(daemonset(default_docs), "device-plugin")["args"])
+    c = h.container(daemonset(default_docs), "device-plugin")
+    args = build_parser().parse_args(c["args"])
     assert (args.backend, args.memory_unit, args.health_check, args.mps, args.device_id_strategy) == (
         "nvml",
         "GiB",
@@ -315,6 +335,15 @@ def test_plugin_options_default(default_docs: list[Obj]) -> None:
         False,
         "uuid",
     )
+    assert (args.device_list_strategy, args.monitor_interval, args.over_limit, args.over_limit_grace) == (
+        "envvar",
+        5.0,
+        "warn",
+        30.0,
+    )
+    assert args.proc_root == "/proc"  # the pod's own /proc, which hostPID makes the host's
+    assert c["ports"] == [{"name": "metrics", "containerPort": args.metrics_port, "protocol": "TCP"}]
+    assert [c["name"] for c in pod_spec(daemonset(default_docs))["containers"]] == ["device-plugin"]
     assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
     assert args.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
 
@@ -328,6 +357,10 @@ def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) 
     assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
     assert args.memory_unit == "MiB"
     assert args.health_check is False and args.mps is True and args.device_id_strategy == "index"
+    assert args.device_list_strategy == "volume-mounts"
+    assert (args.monitor_interval, args.over_limit, args.over_limit_grace, args.metrics_port) == (10, "kill", 60, 9500)
+    assert args.usage_annotation_interval == 60
+    assert (args.mps_pipe_dir, args.mps_shm_dir) == ("/run/gpushare-test/mps/pipe", "/run/gpushare-test/mps/shm")
     # the root dir moved, kubelet's compiled-in device plugin dir did not
     assert args.device_plugin_dir == "/var/lib/kubelet/device-plugins"
     assert args.pod_resources_socket == "/var/lib/k0s/kubelet/pod-resources/kubelet.sock"
@@ -603,3 +636,75 @@ def test_uninstall_hook_cleans_nodes_with_the_plugins_account(default_docs: list
     assert spec["containers"][0]["securityContext"]["runAsNonRoot"] is True
     off = h.render_chart(set_values={"devicePlugin.cleanupOnUninstall": False})
     assert not [d for d in off if d["kind"] == "Job"]
+
+
+def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
+    """MPS: the control daemon runs in the plugin's pod, its pipe where the plugin checks it and Allocate mounts it."""
+    from share_plugin.cli import build_parser
+
+    ds = daemonset(all_docs)
+    spec = pod_spec(ds)
+    daemon = h.container(ds, "mps-control-daemon")
+    assert daemon["command"] == ["nvidia-cuda-mps-control", "-f"]
+    env = {e["name"]: e["value"] for e in daemon["env"]}
+    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == args.mps_pipe_dir
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare-test/mps/log"
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
+    assert daemon["startupProbe"]["exec"]["command"] == ["test", "-p", args.mps_pipe_dir + "/control"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["mps"]["hostPath"] == {"path": "/run/gpushare-test/mps", "type": "DirectoryOrCreate"}
+    assert volumes["mps-shm"]["hostPath"]["path"] == args.mps_shm_dir
+    dmounts = {m["name"]: m["mountPath"] for m in daemon["volumeMounts"]}
+    assert dmounts == {"mps": "/run/gpushare-test/mps", "mps-shm": "/dev/shm"}
+    pmount = next(m for m in h.container(ds, "device-plugin")["volumeMounts"] if m["name"] == "mps")
+    assert pmount["readOnly"] is True and args.mps_pipe_dir.startswith(pmount["mountPath"])
+    assert daemon["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert daemon["resources"]["limits"]["memory"] == "256Mi"
+
+
+def test_pod_monitor_only_when_enabled_and_served(helm: Any) -> None:
+    on = {"podMonitor.enabled": True}
+    assert not h.objects(h.render_chart(api_versions=[MONITORING_API]), "PodMonitor")
+    assert not h.objects(h.render_chart(set_values=on), "PodMonitor")
+    off = {**on, "devicePlugin.monitor.enabled": False}
+    assert not h.objects(h.render_chart(set_values=off, api_versions=[MONITORING_API]), "PodMonitor")
+    pm = h.one(h.render_chart(set_values=on, api_versions=[MONITORING_API]), "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0] == {
+        "port": "metrics",
+        "path": "/metrics",
+        "interval": "30s",
+        "scrapeTimeout": "10s",
+    }
+
+
+def test_pod_monitor_selects_the_plugin_pods(all_docs: list[Obj]) -> None:
+    pm = h.one(all_docs, "PodMonitor")
+    ds = daemonset(all_docs)
+    assert pm["metadata"]["labels"]["release"] == "prometheus"
+    assert pm["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert pm["spec"]["podMetricsEndpoints"][0]["interval"] == "20s"
+
+
+def test_grafana_dashboard_config_map(all_docs: list[Obj], default_docs: list[Obj]) -> None:
+    import json
+
+    assert not [d for d in default_docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("dashboard")]
+    cm = next(d for d in all_docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["gpushare.json"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    # every metric the dashboard queries is one the plugin exports
+    import re
+
+    from share_core.contract import MemoryUnit
+    from share_core.fake import FakeKube
+    from share_plugin.backend.sim import SimBackend
+    from share_plugin.metrics import MonitorCollector
+    from share_plugin.monitor import Monitor
+
+    monitor = Monitor("n", SimBackend("1xT4:16GiB", "n"), FakeKube(), MemoryUnit.GiB)
+    exported = {f.name for f in MonitorCollector(monitor).collect()}
+    exported |= {n + "_total" for n in exported}
+    queried = set(re.findall(r"gpushare_[a-z_]+", exprs))
+    assert queried and queried <= exported

@@ -81,6 +81,17 @@ def test_programs_job_is_valid_yaml() -> None:
     assert job["spec"]["template"]["spec"]["schedulerName"] == SCHEDULER_NAME
 
 
+def test_overlimit_job_asks_less_than_its_program_takes() -> None:
+    job = yaml.safe_load((PROGRAMS / "overlimit-job.yaml").read_text())
+    pod = _pod_of(job)
+    req = pod_request(pod)
+    assert req is not None and req.total == 4 and pod["spec"]["schedulerName"] == SCHEDULER_NAME
+    c = pod["spec"]["containers"][0]
+    assert c["command"][-1] == "/programs/pytorch_overlimit.py"
+    assert int(next(e["value"] for e in c["env"] if e["name"] == "OVERSHOOT_MIB")) > 0
+    assert (PROGRAMS / "pytorch_overlimit.py").exists()
+
+
 # ------------------------------------------------------------------------------ gpushare_limits
 
 

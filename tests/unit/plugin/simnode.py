@@ -5,6 +5,7 @@ A uniquely named module (not conftest) so `from simnode import ...` never picks 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -93,9 +94,14 @@ def start_node(
     mps: bool = False,
     health_check: bool = True,
     kube: FakeKube | None = None,
+    device_list_strategy: str = "envvar",
+    mps_daemon: bool = True,
     **kubelet_kw: Any,
 ) -> SimNode:
     d = _short_dir()
+    if mps and mps_daemon:  # the MPS control daemon's pipe, as nvidia-cuda-mps-control creates it
+        os.makedirs(f"{d}/mps")
+        os.mkfifo(f"{d}/mps/control")
     kube = kube or FakeKube()
     if NODE not in kube.nodes:
         kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": {"capacity": {}}})
@@ -103,7 +109,9 @@ def start_node(
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock", **kubelet_kw)
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, RESOURCE_MEM) if pod_resources else None
-    allocator = Allocator(NODE, kube, backend, unit, pr, strategy, mps)
+    allocator = Allocator(
+        NODE, kube, backend, unit, pr, strategy, mps, device_list_strategy=device_list_strategy, mps_pipe_dir=f"{d}/mps"
+    )
     config = PluginConfig(
         node=NODE, device_plugin_dir=f"{d}/dp", unit=unit, health_check=health_check, watch_interval=0.05
     )

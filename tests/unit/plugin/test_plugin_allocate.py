@@ -83,7 +83,9 @@ def test_multi_gpu_pod():
         assert envs["a"]["GPUSHARE_MEM_LIMIT_MIB"] == "4096"  # 8 over 2 GPUs
         assert envs["b"]["GPUSHARE_MEM_LIMIT_MIB"] == "2048"
         assert envs["a"]["GPUSHARE_MEM_TOTAL_MIB"] == "16384,16384"
-        assert envs["a"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{u3}=4096M,{u1}=4096M"
+        # CUDA ordinals inside the container, which sees its two GPUs as 0 and 1 (NVIDIA MPS documentation)
+        assert envs["a"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M,1=4096M"
+        assert envs["a"]["CUDA_MPS_PIPE_DIRECTORY"] == f"{node.dir}/mps"
         assert annotations(node, "mg")[ANN_ASSIGNED] == "true"
     finally:
         stop_node(node)
@@ -94,7 +96,7 @@ def test_index_strategy_and_mps_by_index():
     try:
         env = node.kubelet.admit(node.add(make_pod("ix", [("m", 10)]), [1], 10, 1))["m"]
         assert env["NVIDIA_VISIBLE_DEVICES"] == "1"
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "1=10240M"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
         assert env["GPUSHARE_MEM_TOTAL_MIB"] == "81920"
     finally:
         stop_node(node)

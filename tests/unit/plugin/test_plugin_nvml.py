@@ -10,7 +10,7 @@ import queue
 import sys
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -32,12 +32,21 @@ class FakeDevice:
     name: str
     total: int
     minor: int
+    used: int = 0
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, usedGpuMemory)
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    # MIG device slots (nvmlDeviceGetMigDeviceHandleByIndex); None: no MIG device in that slot
+    migs: list[FakeDevice | None] = field(default_factory=list)
 
 
 def fake_pynvml(devices: list[FakeDevice], fail_init: bool = False) -> types.ModuleType:
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError
     nv.NVML_ERROR_TIMEOUT = 10
+    nv.NVML_ERROR_NOT_SUPPORTED = 3
+    nv.NVML_ERROR_NOT_FOUND = 6
+    nv.NVML_DEVICE_MIG_ENABLE = 1
     nv.nvmlEventTypeXidCriticalError = 8
     events: queue.Queue = queue.Queue()
     nv.events = events
@@ -56,7 +65,24 @@ def fake_pynvml(devices: list[FakeDevice], fail_init: bool = False) -> types.Mod
     nv.nvmlDeviceGetMinorNumber = lambda h: h.minor
     nv.nvmlDeviceGetUUID = lambda h: h.uuid.encode()  # older bindings return bytes
     nv.nvmlDeviceGetName = lambda h: h.name
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h.total)
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h.total, used=h.used, free=h.total - h.used)
+
+    def mig_mode(h: FakeDevice) -> list[int]:
+        if not h.mig_capable:
+            raise NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        return [int(h.mig_enabled), int(h.mig_enabled)]
+
+    def mig_handle(h: FakeDevice, i: int) -> FakeDevice:
+        if i >= len(h.migs) or h.migs[i] is None:
+            raise NVMLError(nv.NVML_ERROR_NOT_FOUND)
+        return h.migs[i]
+
+    nv.nvmlDeviceGetMigMode = mig_mode
+    nv.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7 if h.mig_capable else 0
+    nv.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle
+    nv.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in h.processes
+    ]
     nv.nvmlEventSetCreate = lambda: "event-set"
     nv.nvmlEventSetFree = lambda s: None
     nv.nvmlDeviceRegisterEvents = lambda h, types_, s: nv.registered.append(h.uuid)
