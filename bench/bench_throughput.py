@@ -165,7 +165,8 @@ def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
 def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
     port = free_port()
     # BENCH_EXTENDER_MAIN: a script to run instead of the module (e.g. a profiler wrapping share_scheduler.cli.main)
-    main = [os.environ["BENCH_EXTENDER_MAIN"]] if os.environ.get("BENCH_EXTENDER_MAIN") else ["-m", "share_scheduler.cli"]
+    wrapper = os.environ.get("BENCH_EXTENDER_MAIN")
+    main = [wrapper] if wrapper else ["-m", "share_scheduler.cli"]
     argv = [sys.executable, *main, "--port", str(port), "--bind-address", "127.0.0.1",
             "--kubeconfig", str(cp.admin_kubeconfig), "--policy", str(sc.policy), "--log-level", "INFO"]  # fmt: skip
     if sc.filter_keeps:
