@@ -486,15 +486,8 @@ class ClusterCache:
         with self._lock:
             self._expire()
             get = self._nodes.get
-            out = []
-            for name in names:
-                entry = get(name)
-                if entry is None:
-                    out.append((name, None))
-                else:
-                    snap = entry._snap
-                    out.append((name, snap if snap is not None else self._snapshot(entry)))
-            return out
+            snapshot = self._snapshot
+            return [(name, None if (e := get(name)) is None else (e._snap or snapshot(e))) for name in names]
 
     def node_names(self) -> list[str]:
         with self._lock:

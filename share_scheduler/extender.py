@@ -79,7 +79,8 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
     names = _field(body, "NodeNames")
     nodes = _field(body, "Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        # set(map(type, ...)) runs in C: at 5,000 names a generator of isinstance calls cost more than filter
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("ExtenderArgs.NodeNames must be a list of node names")
         return ExtenderArgs(pod, list(names), None, [])
     if nodes is not None:
