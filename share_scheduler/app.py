@@ -131,11 +131,12 @@ def create_app(
     assume_ttl: float | None = None,
     sync_backoff: Callable[[], Backoff] = Backoff,
     filter_keeps: str = "best",
-    bind_events: str = "all",
+    bind_events: str = "failures",
 ) -> Flask:
     """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
     process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts.
-    `filter_keeps`: see extender.FILTER_KEEPS; `bind_events`: "all" (an Event per bind) or "failures"."""
+    `filter_keeps`: see extender.FILTER_KEEPS; `bind_events`: "failures" (Events for failed binds) or "all"
+    (also one per bind, naming the GPU: an API write per pod)."""
     if isinstance(policy, str):
         policy = make_policy(policy)
     if bind_events not in BIND_EVENTS:

@@ -36,7 +36,7 @@ from share_scheduler.placement import Demand, Policy
 
 log = logging.getLogger(__name__)
 
-BIND_EVENTS = ("all", "failures")  # `--bind-events`: an Event for every bind, or for failed ones only
+BIND_EVENTS = ("failures", "all")  # `--bind-events`: Events for failed binds only, or for every bind as well
 SEEN_TTL = 600.0  # seconds filter's view of a pod is kept for its bind
 SEEN_LIMIT = 100_000  # pods remembered between filter and bind (a burst far larger than any queue)
 
@@ -90,7 +90,7 @@ class Binder:
         clock_ns: Callable[[], int] = time.time_ns,
         events: EventQueue | None = None,
         on_pod_read: Callable[[], None] | None = None,
-        assigned_events: bool = True,
+        assigned_events: bool = False,
     ) -> None:
         self.kube = kube
         self.cache = cache

@@ -116,10 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--bind-events",
-            default=d("all"),
+            default=d("failures"),
             choices=BIND_EVENTS,
-            help="Events on the pod: for every bind (default; which GPU, how much) or only for failed binds "
-            "(one API write less per pod; kube-scheduler's own Scheduled event remains)",
+            help="Events on the pod: for failed binds only (default; kube-scheduler's own Scheduled event names "
+            "the node, the annotations and `kubectl inspect gpushare` the GPU) or for every bind as well (which "
+            "GPU, how much: one more API write per pod)",
         )
         p.add_argument(
             "--threads",

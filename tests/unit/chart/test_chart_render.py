@@ -543,7 +543,7 @@ def test_filter_keeps_decides_prioritize(default_docs: list[Obj], all_docs: list
     assert "prioritizeVerb" not in best and "weight" not in best  # one HTTP call per scheduling cycle
     fitting = h.scheduler_config(all_docs)["extenders"][0]
     assert (fitting["prioritizeVerb"], fitting["weight"]) == ("prioritize", 200)
-    for docs, keeps, events in ((default_docs, "best", "all"), (all_docs, "fitting", "failures")):
+    for docs, keeps, events in ((default_docs, "best", "failures"), (all_docs, "fitting", "all")):
         args = next(c for c in pod_spec(deployment(docs))["containers"] if c["name"] == "extender")["args"]
         assert f"--filter-keeps={keeps}" in args and f"--bind-events={events}" in args
 

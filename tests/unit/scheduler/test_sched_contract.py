@@ -262,12 +262,18 @@ def test_bind_assigns_and_records(cluster):
     assert int(ann["gpushare.io/assume-time"]) > 0
     assert kube.bindings == [("ml", "train-1", "node-a")]
     assert cluster.parts["events"].flush()
+    assert kube.events == []  # --bind-events failures (the default): no Event for a bind that worked
+    binder = cluster.parts["binder"]
+    binder.assigned_events = True  # --bind-events all
+    other = kube.add_pod(make_pod("train-2", 8, namespace="ml"))
+    assert cluster.post("bind", bind_args(other, "node-a")) == (200, {"Error": ""})
+    assert cluster.parts["events"].flush()
     assert kube.events[-1]["reason"] == "GPUShareAssigned"
     assert kube.events[-1]["message"] == "assigned GPU 0 (8 of 16 GiB) on node-a"
     cluster.settle()
     view = cluster.client.get(f"{PREFIX}/inspect/node-a").get_json()
     gpu0 = view["nodes"][0]["gpus"][0]
-    assert gpu0["allocated"] == 8 and gpu0["pods"][0]["pod"] == "ml/train-1"
+    assert gpu0["allocated"] == 16 and [p["pod"] for p in gpu0["pods"]] == ["ml/train-1", "ml/train-2"]
 
 
 def test_bind_that_does_not_fit_fails_with_event(cluster):
