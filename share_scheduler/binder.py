@@ -199,13 +199,12 @@ class Binder:
         A hold filter made for this pod on this node is the choice (it is already counted)."""
         with self._node_lock(args.node):
             held = self.cache.assumption(args.key)
-            wanted = Contribution(args.node, (), demand.per_gpu)
             if (
                 held is not None
                 and held.held
                 and held.uid == args.uid
-                and held.contribution.node == wanted.node
-                and held.contribution.per_gpu == wanted.per_gpu
+                and held.contribution.node == args.node
+                and held.contribution.per_gpu == demand.per_gpu
                 and len(held.contribution.indices) == demand.count
             ):
                 chosen = held.contribution.indices
