@@ -4,6 +4,13 @@ Nothing is written before the answer is known: the only write is `gpushare.io/as
 the pod's last container, made with the resourceVersion we read (re-read and re-checked on Conflict).
 If that write fails, Allocate fails: kubelet rejects the pod and no annotation claims it was served.
 
+kubelet before 1.34 lists inactive pods in PodResources (matcher.py says how they are told apart). A pod
+it rejected at admission is listed holding nothing until the API server shows it Failed, which kubelet's
+status manager writes asynchronously (status/status_manager.go SetPodStatus -> syncBatch): a moment in
+which it looks exactly like the pod being admitted. So when the match is ambiguous on such a kubelet,
+Allocate re-reads both, for up to `settle` seconds, before it refuses or picks among identical pods.
+kubelet's Allocate call has no deadline (cm/devicemanager/endpoint.go allocate: context.Background()).
+
 Besides answering, it tells people what it sees: an Event on a pod gpushare cannot serve that asked for
 gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet started without Allocate.
 """
@@ -11,10 +18,13 @@ gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet sta
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import time
+from collections.abc import Sequence
 from typing import Protocol
 
-from share_core.assignment import parse_assignment, pod_annotations
+from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
 from share_core.contract import ANN_ASSIGNED, EVENT_ALLOCATE_REFUSED, EVENT_RUNS_WITHOUT_GPU, RESOURCE_MEM, MemoryUnit
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound
 from share_core.request import InvalidRequest
@@ -48,6 +58,7 @@ class Allocator:
         device_id_strategy: str = "uuid",
         mps: bool = False,
         conflict_retries: int = 5,
+        settle: float = 3.0,
     ) -> None:
         self.node = node
         self.kube = kube
@@ -57,6 +68,7 @@ class Allocator:
         self.device_id_strategy = device_id_strategy
         self.mps = mps
         self.conflict_retries = conflict_retries
+        self.settle = settle  # seconds an ambiguous match may wait for the API to show rejected pods Failed
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
@@ -75,24 +87,7 @@ class Allocator:
     def allocate(self, device_ids: list[str]) -> dict[str, str]:
         """The env for the container kubelet is starting with `device_ids`; AllocationError if none."""
         with self._lock:
-            try:
-                pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
-            except KubeError as exc:
-                raise AllocationError(
-                    f"node {self.node}: cannot read the pods bound to this node from the API server, so the "
-                    f"container asking {len(device_ids)} {RESOURCE_MEM} cannot be matched to its pod: {exc}"
-                ) from exc
-            view = self._view()
-            live = {(p.get("metadata") or {}).get("uid") for p in pods}
-            self._served = {s for s in self._served if s[0] in live}  # forget pods that are gone
-            try:
-                match = match_allocation(
-                    self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
-                )
-            except AllocationError as exc:
-                for pod in exc.implicated:
-                    self._tell(pod, EVENT_ALLOCATE_REFUSED, str(exc))
-                raise
+            match = self._match(device_ids)
             env = container_env(match, self.unit, self.device_id_strategy, self.mps)
             if match.last and not match.assignment.assigned:
                 self._mark_assigned(match)
@@ -112,6 +107,70 @@ class Allocator:
                 f"; WARNING GPU {unhealthy} is unhealthy" if unhealthy else "",
             )
             return env
+
+    def _match(self, device_ids: list[str]) -> Match:
+        """Read pods and PodResources, match; on an ambiguous answer from a kubelet that lists inactive
+        pods, read again until the API settles or `settle` runs out."""
+        deadline = time.monotonic() + self.settle
+        delay = 0.05
+        while True:
+            try:
+                pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
+            except KubeError as exc:
+                raise AllocationError(
+                    f"node {self.node}: cannot read the pods bound to this node from the API server, so the "
+                    f"container asking {len(device_ids)} {RESOURCE_MEM} cannot be matched to its pod: {exc}"
+                ) from exc
+            view = self._view()
+            live = {(p.get("metadata") or {}).get("uid") for p in pods}
+            self._served = {s for s in self._served if s[0] in live}  # forget pods that are gone
+            try:
+                match = match_allocation(
+                    self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
+                )
+                failure = None
+                if not match.alternatives:
+                    return match
+            except AllocationError as exc:
+                failure = exc
+            if view is None or time.monotonic() >= deadline or not self._lists_inactive_pods(pods, view):
+                if failure is None:
+                    return match
+                for pod in failure.implicated:
+                    self._tell(pod, EVENT_ALLOCATE_REFUSED, str(failure))
+                raise failure
+            log.info(
+                "node %s: %s for %d %s is ambiguous and kubelet lists inactive pods; reading again",
+                self.node,
+                "the match" if failure is None else "Allocate",
+                len(device_ids),
+                RESOURCE_MEM,
+            )
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    def _lists_inactive_pods(self, pods: Sequence[Pod], view: PodResourcesView) -> bool:
+        """kubelet's PodResources List includes pods that are not active: kubelet before 1.34, or
+        KubeletPodResourcesListUseActivePods off (pkg/features/kube_features.go; server_v1.go List).
+
+        Seen directly when it lists a pod the API shows finished or deleting; otherwise by the kubelet
+        version its Node reports (the gate's default). A Node that cannot be read counts as yes (waiting
+        only costs time); one without a kubelet version was not registered by a kubelet: no.
+        """
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if (pod_is_finished(pod) or meta.get("deletionTimestamp")) and (
+                meta.get("namespace") or "default",
+                meta.get("name") or "",
+            ) in view:
+                return True
+        try:
+            node = self.kube.get_node(self.node)
+        except KubeError:
+            return True
+        version = ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or ""
+        m = re.match(r"v?(\d+)\.(\d+)", version)
+        return bool(m) and (int(m.group(1)), int(m.group(2))) < (1, 34)
 
     def audit(self) -> int:
         """Find pods kubelet started without our Allocate; log and record an Event once per pod.
