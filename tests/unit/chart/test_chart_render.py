@@ -608,6 +608,10 @@ def test_chart_kube_version_is_the_tested_range() -> None:
     assert [int(v.split(".")[1]) for v in listed] == list(SUPPORTED_MINORS)
     lo, hi = SUPPORTED_MINORS[0], SUPPORTED_MINORS[-1] + 1
     assert chart["kubeVersion"] == f">=1.{lo}.0-0 <1.{hi}.0-0"
+    # ...and the README and docs/versions.md state that range
+    for doc in ("README.md", "docs/versions.md"):
+        text = (h.REPO_ROOT / doc).read_text()
+        assert f"Kubernetes 1.{lo} to 1.{hi - 1}" in text or f"Kubernetes **1.{lo} to 1.{hi - 1}**" in text, doc
 
 
 @pytest.mark.parametrize(
