@@ -108,6 +108,14 @@ class Allocator:
             )
             return env
 
+    def kubelet_restarted(self) -> None:
+        """A new kubelet: forget which containers we served. A pod whose admission the old kubelet cut
+        short (its Allocate answered, then kubelet stopped before the rejection reached the API) is
+        admitted again by the new one, holding nothing: it is admitting, not inactive. Called before we
+        register again, so no Allocate of the new kubelet precedes it; the lock lets one in flight finish."""
+        with self._lock:
+            self._served.clear()
+
     def _match(self, device_ids: list[str]) -> Match:
         """Read pods and PodResources, match; on an ambiguous answer from a kubelet that lists inactive
         pods, read again until the API settles or `settle` runs out."""
