@@ -1,6 +1,6 @@
 """Which pod and container an Allocate call is for: a pure function of what kubelet and the API server say.
 
-kubelet's Allocate carries only N fake device IDs, no pod identity. What upstream kubelet v1.36 makes true
+kubelet's Allocate carries only N fake device IDs, no pod identity. What upstream kubelet (1.33 to 1.37) makes true
 during an Allocate (k8s.io/kubernetes pkg/kubelet):
 
 * kubelet admits one pod at a time (kubelet.go HandlePodAdditions): the pod joins the pod manager, so
@@ -20,8 +20,9 @@ during an Allocate (k8s.io/kubernetes pkg/kubelet):
   UpdateAllocatedDevices (cm/devicemanager/manager.go), which frees the devices of every pod that is not
   active: such a pod is listed holding nothing, exactly like the pod being admitted. What tells them
   apart: the pod's phase (kubelet writes Failed/Succeeded through its status manager, asynchronously, so
-  the API may lag by a moment), a container this plugin served that no longer holds its devices (kubelet
-  freed them: the pod is no longer active), and PodResources naming pods by namespace/name only (an old
+  the API may lag by a moment), a container this plugin served (since this kubelet started: the allocator
+  forgets on a kubelet restart) that no longer holds its devices (kubelet freed them: the pod is no
+  longer active), and PodResources naming pods by namespace/name only (an old
   pod and its re-created namespace-mate are two entries; the view merges them: only an active one holds
   devices). Whatever stays ambiguous the caller re-reads after a moment (Allocator: settle).
 * a pod can run without any Allocate (kubelet restarted, resource not yet registered: predicate.go
