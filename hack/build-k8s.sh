@@ -25,7 +25,7 @@ SUPPORTED="
 1.36   v1.36.3       v3.6.16
 1.37   v1.37.2       v3.6.16
 "
-DEFAULT_MINOR="1.36"       # what `make test` runs in full; the oldest minor runs its own tiers too
+DEFAULT_MINOR="1.37"       # the newest: what `make test` runs in full (then the oldest's integration tier)
 HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm (one client for every cluster version)
 # Bump when the build recipe (flags, ldflags) changes: a warm cache of the old recipe is rebuilt.
 RECIPE=3
