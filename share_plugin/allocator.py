@@ -161,16 +161,14 @@ class Allocator:
         """kubelet's PodResources List includes pods that are not active: kubelet before 1.34, or
         KubeletPodResourcesListUseActivePods off (pkg/features/kube_features.go; server_v1.go List).
 
-        Seen directly when it lists a pod the API shows finished or deleting; otherwise by the kubelet
-        version its Node reports (the gate's default). A Node that cannot be read counts as yes (waiting
+        Seen directly when it lists a pod the API shows finished (kubelet wrote that phase, so it knows
+        the pod is not active; a pod being deleted may still be active); otherwise by the kubelet version
+        its Node reports (the gate's default). A Node that cannot be read counts as yes (waiting
         only costs time); one without a kubelet version was not registered by a kubelet: no.
         """
         for pod in pods:
             meta = pod.get("metadata") or {}
-            if (pod_is_finished(pod) or meta.get("deletionTimestamp")) and (
-                meta.get("namespace") or "default",
-                meta.get("name") or "",
-            ) in view:
+            if pod_is_finished(pod) and (meta.get("namespace") or "default", meta.get("name") or "") in view:
                 return True
         try:
             node = self.kube.get_node(self.node)
