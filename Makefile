@@ -1,13 +1,15 @@
 # gpushare: two commands on a fresh machine.
 #   make demo   start a local control plane with simulated GPU nodes and show where pods land
 #   make test   install what the tests need, build the control plane binaries, run every test
+#               (the default Kubernetes version), then the integration tier on the oldest supported one
+#   make test-matrix   the integration tier on every supported Kubernetes minor (docs/versions.md)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test unit integration demo lint venv k8s-bins node-deps node-images image-deps image proto bench clean
+.PHONY: test test-matrix unit integration demo lint venv k8s-bins node-deps node-images image-deps image proto bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,9 +51,16 @@ integration: venv k8s-bins node-deps node-images image
 	$(PY) -m pytest tests -m integration -q
 
 # Every test, the control plane ones included: a missing binary or a control plane that
-# cannot start fails the run; nothing is skipped.
+# cannot start fails the run; nothing is skipped. Then the integration tier again on the oldest
+# supported Kubernetes (its own binaries and images, cached per version).
 test: venv k8s-bins node-deps node-images image lint
 	$(PY) -m pytest tests -q
+	PYTHON=$(abspath $(PY)) hack/test-matrix.sh --oldest
+
+# The integration tier on each supported minor at its newest patch (hack/build-k8s.sh --list);
+# `hack/test-matrix.sh 1.33 1.37` runs some. GPUSHARE_K8S_VERSION=1.33 picks one for any pytest run.
+test-matrix: venv node-deps image-deps
+	PYTHON=$(abspath $(PY)) hack/test-matrix.sh
 
 demo: venv k8s-bins node-deps
 	$(PY) -m hack.demo

@@ -5,15 +5,53 @@
 # repository: binaries land in ${GPUSHARE_CACHE:-$HOME/.cache/gpushare}/bin/<stamp>/.
 #
 # Usage: BIN=$(hack/build-k8s.sh | tail -1)
+#        BIN=$(K8S_VERSION=1.33 hack/build-k8s.sh | tail -1)   # any supported minor or patch
+#        hack/build-k8s.sh --list       # the supported minors' newest patches, oldest first
+#        hack/build-k8s.sh --version    # the release a build would use (K8S_VERSION honoured)
+# K8S_VERSION (or GPUSHARE_K8S_VERSION, which the tests pass through) picks the release:
+# "1.33" means that minor's newest patch in the table below, "1.33.13"/"v1.33.13" that patch.
+# Each version has its own cache directory (the stamp names it); the recipe is the same.
 # Progress goes to stderr; the last line of stdout is the bin dir.
 set -euo pipefail
 
 # --- pinned versions -------------------------------------------------------------------
-K8S_VERSION="v1.36.3"      # k8s.io/kubernetes; staging modules are k8s.io/* v0.36.3
-ETCD_VERSION="v3.6.16"     # go.etcd.io/etcd/server/v3 (its root package is the etcd main)
-HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm
+# The supported minors (README "Supported Kubernetes versions"; docs/versions.md says why),
+# each at its newest patch the Go module proxy serves, with what that minor needs pinned.
+# minor  newest patch  etcd (go.etcd.io/etcd/server/v3)
+SUPPORTED="
+1.33   v1.33.13      v3.6.16
+1.34   v1.34.4       v3.6.16
+1.35   v1.35.4       v3.6.16
+1.36   v1.36.3       v3.6.16
+1.37   v1.37.2       v3.6.16
+"
+DEFAULT_MINOR="1.37"       # the newest: what `make test` runs in full (then the oldest's integration tier)
+HELM_VERSION="v3.22.0"     # helm.sh/helm/v3/cmd/helm (one client for every cluster version)
 # Bump when the build recipe (flags, ldflags) changes: a warm cache of the old recipe is rebuilt.
 RECIPE=3
+
+# `--list`: the supported minors' newest patches, oldest first (what `make test-matrix` runs).
+if [[ "${1:-}" == "--list" ]]; then
+    awk 'NF == 3 {print $2}' <<<"$SUPPORTED"
+    exit 0
+fi
+REQUESTED="${K8S_VERSION:-${GPUSHARE_K8S_VERSION:-$DEFAULT_MINOR}}"
+REQUESTED="${REQUESTED#v}"
+REQ_MINOR="$(cut -d. -f1,2 <<<"$REQUESTED")"
+ROW="$(awk -v m="$REQ_MINOR" 'NF == 3 && $1 == m' <<<"$SUPPORTED")"
+if [[ -z "$ROW" ]]; then
+    printf '[build-k8s] Kubernetes %s is not supported; supported minors: %s\n' "$REQUESTED" \
+        "$(awk 'NF == 3 {printf "%s ", $1}' <<<"$SUPPORTED")" >&2
+    exit 2
+fi
+read -r _ K8S_VERSION ETCD_VERSION <<<"$ROW"
+# An explicit patch builds that patch (k8s.io/kubernetes; staging modules are k8s.io/* v0.X.Y).
+[[ "$REQUESTED" == "$REQ_MINOR" ]] || K8S_VERSION="v${REQUESTED}"
+# `--version`: the release this call would build (e.g. v1.36.3), and nothing else.
+if [[ "${1:-}" == "--version" ]]; then
+    echo "$K8S_VERSION"
+    exit 0
+fi
 # ---------------------------------------------------------------------------------------
 
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"

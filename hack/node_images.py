@@ -47,12 +47,12 @@ def cache_root() -> Path:
 
 
 def k8s_version() -> str:
-    """The Kubernetes release hack/build-k8s.sh pins (one place names it)."""
-    text = (HACK / "build-k8s.sh").read_text()
-    m = re.search(r'^K8S_VERSION="(v[^"]+)"', text, re.M)
-    if not m:
-        raise SystemExit("node-images: cannot find K8S_VERSION in hack/build-k8s.sh")
-    return m.group(1)
+    """The Kubernetes release hack/build-k8s.sh builds (its table; K8S_VERSION/GPUSHARE_K8S_VERSION pick one)."""
+    result = subprocess.run([str(HACK / "build-k8s.sh"), "--version"], capture_output=True, text=True, check=False)
+    version = result.stdout.strip()
+    if result.returncode != 0 or not version.startswith("v"):
+        raise SystemExit(f"node-images: hack/build-k8s.sh --version failed: {result.stderr.strip()}")
+    return version
 
 
 def kubernetes_module_dir(version: str) -> Path:

@@ -4,6 +4,13 @@ Nothing is written before the answer is known: the only write is `gpushare.io/as
 the pod's last container, made with the resourceVersion we read (re-read and re-checked on Conflict).
 If that write fails, Allocate fails: kubelet rejects the pod and no annotation claims it was served.
 
+kubelet before 1.34 lists inactive pods in PodResources (matcher.py says how they are told apart). A pod
+it rejected at admission is listed holding nothing until the API server shows it Failed, which kubelet's
+status manager writes asynchronously (status/status_manager.go SetPodStatus -> syncBatch): a moment in
+which it looks exactly like the pod being admitted. So when the match is ambiguous on such a kubelet,
+Allocate re-reads both, for up to `settle` seconds, before it refuses or picks among identical pods.
+kubelet's Allocate call has no deadline (cm/devicemanager/endpoint.go allocate: context.Background()).
+
 Besides answering, it tells people what it sees: an Event on a pod gpushare cannot serve that asked for
 gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet started without Allocate.
 """
@@ -11,13 +18,16 @@ gpu-mem, and (from `audit`, run periodically by the plugin) on a pod kubelet sta
 from __future__ import annotations
 
 import logging
+import re
 import stat
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from share_core.assignment import parse_assignment, pod_annotations
+from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
 from share_core.contract import (
     ANN_ASSIGNED,
     DEFAULT_MPS_PIPE_DIR,
@@ -79,6 +89,7 @@ class Allocator:
         device_list_strategy: str = DEVICE_LIST_ENVVAR,
         mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
         mps_shm_dir: str = "",
+        settle: float = 3.0,
     ) -> None:
         self.node = node
         self.kube = kube
@@ -93,6 +104,7 @@ class Allocator:
         self.device_list_strategy = device_list_strategy
         self.mps_pipe_dir = mps_pipe_dir
         self.mps_shm_dir = mps_shm_dir
+        self.settle = settle  # seconds an ambiguous match may wait for the API to show rejected pods Failed
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
@@ -131,24 +143,7 @@ class Allocator:
                     f"devicePlugin.mps) and the pod will be admitted when it is retried"
                 )
         with self._lock:
-            try:
-                pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
-            except KubeError as exc:
-                raise AllocationError(
-                    f"node {self.node}: cannot read the pods bound to this node from the API server, so the "
-                    f"container asking {len(device_ids)} {RESOURCE_MEM} cannot be matched to its pod: {exc}"
-                ) from exc
-            view = self._view()
-            live = {(p.get("metadata") or {}).get("uid") for p in pods}
-            self._served = {s for s in self._served if s[0] in live}  # forget pods that are gone
-            try:
-                match = match_allocation(
-                    self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
-                )
-            except AllocationError as exc:
-                for pod in exc.implicated:
-                    self._tell(pod, EVENT_ALLOCATE_REFUSED, str(exc))
-                raise
+            match = self._match(device_ids)
             env = container_env(
                 match, self.unit, self.device_id_strategy, self.mps, self.device_list_strategy, self.mps_pipe_dir
             )
@@ -182,6 +177,76 @@ class Allocator:
                 f"; WARNING GPU {unhealthy} is unhealthy" if unhealthy else "",
             )
             return answer
+
+    def kubelet_restarted(self) -> None:
+        """A new kubelet: forget which containers we served. A pod whose admission the old kubelet cut
+        short (its Allocate answered, then kubelet stopped before the rejection reached the API) is
+        admitted again by the new one, holding nothing: it is admitting, not inactive. Called before we
+        register again, so no Allocate of the new kubelet precedes it; the lock lets one in flight finish."""
+        with self._lock:
+            self._served.clear()
+
+    def _match(self, device_ids: list[str]) -> Match:
+        """Read pods and PodResources, match; on an ambiguous answer from a kubelet that lists inactive
+        pods, read again until the API settles or `settle` runs out."""
+        deadline = time.monotonic() + self.settle
+        delay = 0.05
+        while True:
+            try:
+                pods = self.kube.list_pods(field_selector=f"spec.nodeName={self.node}").items
+            except KubeError as exc:
+                raise AllocationError(
+                    f"node {self.node}: cannot read the pods bound to this node from the API server, so the "
+                    f"container asking {len(device_ids)} {RESOURCE_MEM} cannot be matched to its pod: {exc}"
+                ) from exc
+            view = self._view()
+            live = {(p.get("metadata") or {}).get("uid") for p in pods}
+            self._served = {s for s in self._served if s[0] in live}  # forget pods that are gone
+            try:
+                match = match_allocation(
+                    self.node, device_ids, pods, self.backend.gpus(), self.unit, view, frozenset(self._served)
+                )
+                failure = None
+                if not match.alternatives:
+                    return match
+            except AllocationError as exc:
+                failure = exc
+            if view is None or time.monotonic() >= deadline or not self._lists_inactive_pods(pods, view):
+                if failure is None:
+                    return match
+                for pod in failure.implicated:
+                    self._tell(pod, EVENT_ALLOCATE_REFUSED, str(failure))
+                raise failure
+            log.info(
+                "node %s: %s for %d %s is ambiguous and kubelet lists inactive pods; reading again",
+                self.node,
+                "the match" if failure is None else "Allocate",
+                len(device_ids),
+                RESOURCE_MEM,
+            )
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    def _lists_inactive_pods(self, pods: Sequence[Pod], view: PodResourcesView) -> bool:
+        """kubelet's PodResources List includes pods that are not active: kubelet before 1.34, or
+        KubeletPodResourcesListUseActivePods off (pkg/features/kube_features.go; server_v1.go List).
+
+        Seen directly when it lists a pod the API shows finished (kubelet wrote that phase, so it knows
+        the pod is not active; a pod being deleted may still be active); otherwise by the kubelet version
+        its Node reports (the gate's default). A Node that cannot be read counts as yes (waiting
+        only costs time); one without a kubelet version was not registered by a kubelet: no.
+        """
+        for pod in pods:
+            meta = pod.get("metadata") or {}
+            if pod_is_finished(pod) and (meta.get("namespace") or "default", meta.get("name") or "") in view:
+                return True
+        try:
+            node = self.kube.get_node(self.node)
+        except KubeError:
+            return True
+        version = ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or ""
+        m = re.match(r"v?(\d+)\.(\d+)", version)
+        return bool(m) and (int(m.group(1)), int(m.group(2))) < (1, 34)
 
     def audit(self) -> int:
         """Find pods kubelet started without our Allocate; log and record an Event once per pod.

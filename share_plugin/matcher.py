@@ -1,6 +1,6 @@
 """Which pod and container an Allocate call is for: a pure function of what kubelet and the API server say.
 
-kubelet's Allocate carries only N fake device IDs, no pod identity. What upstream kubelet v1.36 makes true
+kubelet's Allocate carries only N fake device IDs, no pod identity. What upstream kubelet (1.33 to 1.37) makes true
 during an Allocate (k8s.io/kubernetes pkg/kubelet):
 
 * kubelet admits one pod at a time (kubelet.go HandlePodAdditions): the pod joins the pod manager, so
@@ -13,7 +13,18 @@ during an Allocate (k8s.io/kubernetes pkg/kubelet):
   (server_v1.go List). Whether a regular init container was served is known from this plugin's memory,
   from a later container of the pod holding devices (kubelet serves them in order), or from its status.
 * a later admit handler (the predicate handler: OutOfcpu, node affinity...) may reject a pod after it was
-  allocated; it is then Failed and no longer active, so it is neither listed nor counted.
+  allocated; it is then Failed and no longer active, so it is neither listed (from 1.34) nor counted.
+* before 1.34 (and wherever the gate KubeletPodResourcesListUseActivePods is off) List returns every pod
+  of the pod manager (server_v1.go List: podsProvider.GetPods()), pods rejected at admission and
+  terminated pods included, until the API server deletes them. List first runs the device manager's
+  UpdateAllocatedDevices (cm/devicemanager/manager.go), which frees the devices of every pod that is not
+  active: such a pod is listed holding nothing, exactly like the pod being admitted. What tells them
+  apart: the pod's phase (kubelet writes Failed/Succeeded through its status manager, asynchronously, so
+  the API may lag by a moment), a container this plugin served (since this kubelet started: the allocator
+  forgets on a kubelet restart) that no longer holds its devices (kubelet freed them: the pod is no
+  longer active), and PodResources naming pods by namespace/name only (an old
+  pod and its re-created namespace-mate are two entries; the view merges them: only an active one holds
+  devices). Whatever stays ambiguous the caller re-reads after a moment (Allocator: settle).
 * a pod can run without any Allocate (kubelet restarted, resource not yet registered: predicate.go
   removeMissingExtendedResources); kubelet may Allocate for it later from the pod worker when a container
   starts (manager.go GetDeviceRunContainerOptions). Such a pod is seen here as a started container that
@@ -92,6 +103,7 @@ class Match:
     pod_total: int
     last: bool  # no container of the pod is left to serve: mark it assigned
     how: str  # how the pod was identified, for the log
+    alternatives: int = 0  # other pods that were equally good answers (identical GPU and sizes)
 
     @property
     def key(self) -> str:
@@ -202,7 +214,9 @@ def _progress_with_view(c: _Candidate, held: Mapping[str, frozenset[str]], serve
     for pos, ct in enumerate(c.containers):
         started = container_started(c.pod, ct.name)
         if reported_by_pod_resources(ct):
-            done = bool(held.get(ct.name))
+            # Served here but holding nothing: kubelet freed its devices (UpdateAllocatedDevices), so the
+            # pod is no longer active (rejected after Allocate, or terminated) though still listed (< 1.34).
+            done = bool(held.get(ct.name)) or (c.uid, ct.name) in served
             if not done and started:
                 without.append(ct.name)
                 done = True
@@ -277,6 +291,7 @@ def match_allocation(
             _progress_without_view(c, served)
 
     how = ""
+    alternatives = 0
     chosen: _Candidate | None = None
     container: ContainerRequest | None = None
     if view is not None:
@@ -307,6 +322,7 @@ def match_allocation(
             what = "pods kubelet is admitting"
             chosen, container, how = _pick(node, size, admitting + broken, fits, rivals, what)
             how += " (PodResources)"
+            alternatives = len(fits) - 1
     else:
         # 3. No PodResources: request size and assume time, only when no other pod could be the one.
         open_ = [
@@ -321,6 +337,7 @@ def match_allocation(
             _fail(node, size, open_, [*fits, *others], [], "unassigned pods bound to the node")
         chosen, container, how = _pick(node, size, open_, fits, rivals, "unassigned pods bound to the node")
         how = "request size and assume time (PodResources unavailable): " + how
+        alternatives = len(fits) - 1
 
     assert chosen is not None and container is not None and chosen.assignment is not None
     if container.units != size:
@@ -343,6 +360,7 @@ def match_allocation(
         pod_total=chosen.assignment.total,
         last=not later,
         how=how,
+        alternatives=alternatives,
     )
 
 

@@ -19,14 +19,19 @@ class PodResourcesUnavailable(Exception):
 
 
 def view_from_response(resp: prpb.ListPodResourcesResponse, resource: str) -> PodResourcesView:
-    """Every listed pod, with each container's device IDs of `resource` (empty when it holds none)."""
+    """Every listed pod, with each container's device IDs of `resource` (empty when it holds none).
+
+    PodResources names pods without their UID. Before 1.34 kubelet lists inactive pods too (server_v1.go
+    List), so a terminated pod and the pod re-created under its name can both be listed: their entries
+    are merged. Only an active pod holds devices (UpdateAllocatedDevices frees the others' first), so the
+    union is what the live pod holds.
+    """
     view: dict[tuple[str, str], dict[str, frozenset[str]]] = {}
     for pr in resp.pod_resources:
-        containers: dict[str, frozenset[str]] = {}
+        containers = view.setdefault((pr.namespace, pr.name), {})
         for c in pr.containers:
             ids = [i for d in c.devices if d.resource_name == resource for i in d.device_ids]
-            containers[c.name] = frozenset(ids)
-        view[(pr.namespace, pr.name)] = containers
+            containers[c.name] = containers.get(c.name, frozenset()) | frozenset(ids)
     return view
 
 

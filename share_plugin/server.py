@@ -293,6 +293,7 @@ class DevicePlugin:
                     self.config.node,
                     "our socket was removed" if ours is None else "kubelet.sock was recreated",
                 )
+                self.allocator.kubelet_restarted()
                 self._serve_and_register()
 
     def _audit(self) -> None:

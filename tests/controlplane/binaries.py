@@ -1,4 +1,9 @@
-"""Where the upstream binaries are: hack/build-k8s.sh builds them once and prints their directory."""
+"""Where the upstream binaries are: hack/build-k8s.sh builds them once and prints their directory.
+
+GPUSHARE_K8S_VERSION (a supported minor such as "1.33", or a patch "1.33.13") picks the Kubernetes
+release; it is passed through to hack/build-k8s.sh, whose table names the newest patch of each
+supported minor. Unset: the script's default (what `make test` runs in full).
+"""
 
 from __future__ import annotations
 
@@ -27,5 +32,6 @@ def k8s_bin_dir() -> Path:
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         tail = "\n".join(result.stderr.splitlines()[-60:])
-        raise BuildError(f"hack/build-k8s.sh failed ({result.returncode}):\n{tail}")
+        wanted = os.environ.get("GPUSHARE_K8S_VERSION") or "the default"
+        raise BuildError(f"hack/build-k8s.sh ({wanted}) failed ({result.returncode}):\n{tail}")
     return Path(lines[-1])

@@ -23,8 +23,10 @@ from share_core.contract import (
     ENV_VISIBLE_DEVICES,
     EVENT_ALLOCATE_REFUSED,
     EVENT_RUNS_WITHOUT_GPU,
+    RESOURCE_MEM,
 )
 from share_core.gpus import node_gpus
+from share_plugin.podresources import PodResourcesClient
 from tests.controlplane.gpucluster import GpuCluster, Pod, wait_for
 from tests.controlplane.realgpunode import RealGpuNode, delete_pods
 from tests.node import RealNode
@@ -284,6 +286,50 @@ def test_pod_rejected_after_allocate_frees_its_memory(real_gpu: RealGpuNode, rns
     assert used[gpu.index] == gpu.used
     create(cluster, real_gpu.pod("next", rns, 4))
     cluster.wait_phase(rns, "next", ["Running"], timeout=120)
+    real_gpu.check_invariants()
+
+
+def kubelet_lists_inactive_pods(real_gpu: RealGpuNode) -> bool:
+    """kubelet before 1.34 lists every pod of its pod manager in PodResources (the gate
+    KubeletPodResourcesListUseActivePods, pkg/features/kube_features.go, defaults on from 1.34)."""
+    version = real_gpu.cluster.admin.get_node(real_gpu.name)["status"]["nodeInfo"]["kubeletVersion"]
+    major, minor = (int(x) for x in version.lstrip("v").split(".")[:2])
+    return (major, minor) < (1, 34)
+
+
+def test_pods_rejected_at_admission_followed_by_pods_of_the_same_size(real_gpu: RealGpuNode, rns: str) -> None:
+    """Two pods rejected at admission (one served then OutOfcpu, one refused by our Allocate), with pods
+    of their size right behind them and again once they are Failed. Before 1.34 kubelet keeps listing the
+    rejected pods in PodResources, holding nothing, like a pod being admitted: every later pod still runs
+    on the GPU its annotations name."""
+    cluster = real_gpu.cluster
+    node = cluster.admin.get_node(real_gpu.name)
+    usage = node_usage(node_gpus(node), real_gpu.pods())
+    gpu = next(g for g in usage.gpus if g.total - g.used >= 4)
+    greedy = bound_pod(real_gpu, "a-greedy", rns, 4)
+    greedy["spec"]["schedulerName"] = "gpushare-scheduler"
+    greedy["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000"}
+    greedy["metadata"]["annotations"].update(Assignment((gpu.index,), (gpu.uuid,), 4, time.time_ns()).to_annotations())
+    first = [real_gpu.pod(f"b-next{i}", rns, 4) for i in range(3)]
+    create(cluster, greedy, bound_pod(real_gpu, "a-stranger", rns, 4), *first)
+    pods = settle(cluster, rns, ["a-greedy", "a-stranger"] + [p["metadata"]["name"] for p in first])
+    assert pods["a-greedy"]["status"].get("reason") == "OutOfcpu", pods["a-greedy"]["status"]
+    assert "gpushare" in pods["a-stranger"]["status"].get("message", ""), pods["a-stranger"]["status"]
+    for p in first:
+        status = pods[p["metadata"]["name"]]["status"]
+        assert status["phase"] == "Running", (p["metadata"]["name"], status)
+    # what kubelet's PodResources lists now: the rejected pods only before 1.34
+    client = PodResourcesClient(str(real_gpu.node.pod_resources_socket), RESOURCE_MEM)
+    try:
+        listed = set(client.list())
+    finally:
+        client.close()
+    rejected_listed = listed & {(rns, "a-greedy"), (rns, "a-stranger")}
+    assert bool(rejected_listed) == kubelet_lists_inactive_pods(real_gpu), (sorted(listed), rejected_listed)
+    later = [real_gpu.pod(f"c-later{i}", rns, 4) for i in range(2)]
+    create(cluster, *later)
+    for p in later:
+        cluster.wait_phase(rns, p["metadata"]["name"], ["Running"], timeout=120)
     real_gpu.check_invariants()
 
 

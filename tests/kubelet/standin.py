@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -127,12 +128,15 @@ class KubeletStandIn:
         pod_resources_qps: float | None = DEFAULT_QPS,
         pod_resources_burst: int = DEFAULT_BURST,
         endpoint_stop_grace: float = ENDPOINT_STOP_GRACE,
+        status_lag: float = 0.0,
     ) -> None:
         """`choose(free, n)` picks n device IDs (upstream: Go set order, i.e. random; default: sorted).
         `list_all_pods` (or the older name `list_rejected`): PodResources List reports every pod in the pod
         manager, as before 1.34 (KubeletPodResourcesListUseActivePods off). `predicate`: the predicate admit
         handler's verdict after device allocation (OutOfcpu, node affinity...). `pod_resources_qps`: the
-        PodResources rate limit (None: none)."""
+        PodResources rate limit (None: none). `status_lag`: seconds before the status manager's write of a
+        pod's status reaches the API server (status_manager.go writes from its own goroutine; kubelet
+        admits the next pod meanwhile); writes stay in order."""
         self.plugin_dir = plugin_dir
         self.pod_resources_socket = pod_resources_socket
         self.resource = resource
@@ -161,6 +165,9 @@ class KubeletStandIn:
         self._source: _Source | None = None
         self._to_start: list[str] = []  # pod UIDs the pod worker has yet to start (run_with_kube)
         self._loop_stop = threading.Event()
+        self.status_lag = status_lag
+        self._status_queue: queue.Queue[tuple[float, Callable[[], None]]] = queue.Queue()
+        self._status_writer: threading.Thread | None = None
 
     # -- what tests read ------------------------------------------------------------------------------
 
@@ -669,12 +676,33 @@ class KubeletStandIn:
             return
         kube = self._source.kube
         extra = self._container_statuses(rec) if rec.phase == "Running" else None
-        for attempt in (extra, None) if extra else (None,):
+        ns, name, phase, reason, message, uid = rec.namespace, rec.name, rec.phase, rec.reason, rec.message, rec.uid
+
+        def write() -> None:
+            for attempt in (extra, None) if extra else (None,):
+                try:
+                    set_pod_phase(kube, ns, name, phase, reason, message, uid, attempt)
+                    return
+                except Exception as exc:  # the status manager retries; so does the next sync
+                    log.warning("kubelet stand-in: status of %s/%s not written: %s", ns, name, exc)
+
+        if self.status_lag <= 0:
+            write()
+            return
+        if self._status_writer is None:
+            self._status_writer = threading.Thread(target=self._write_statuses, name="status-manager", daemon=True)
+            self._status_writer.start()
+        self._status_queue.put((time.monotonic() + self.status_lag, write))
+
+    def _write_statuses(self) -> None:
+        """The status manager's goroutine: each write `status_lag` after it was made, in order."""
+        while not self._loop_stop.is_set():
             try:
-                set_pod_phase(kube, rec.namespace, rec.name, rec.phase, rec.reason, rec.message, rec.uid, attempt)
-                return
-            except Exception as exc:  # the status manager retries; so does the next sync
-                log.warning("kubelet stand-in: status of %s/%s not written: %s", rec.namespace, rec.name, exc)
+                due, write = self._status_queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            time.sleep(max(0.0, due - time.monotonic()))
+            write()
 
 
 class _OtherPod(Exception):

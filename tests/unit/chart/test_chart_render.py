@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterable
 from typing import Any
 
@@ -389,7 +390,7 @@ def test_scheduler_pod_has_kube_scheduler_and_extender(docs: list[Obj]) -> None:
 
 
 def test_kube_scheduler_image_follows_cluster_version(helm: Any) -> None:
-    for cluster, tag in (("v1.36.3", "v1.36.3"), ("v1.31.4+k3s1", "v1.31.4"), ("1.30.2", "v1.30.2")):
+    for cluster, tag in (("v1.36.3", "v1.36.3"), ("v1.33.4+k3s1", "v1.33.4"), ("1.37.2", "v1.37.2")):
         docs = h.render_chart(kube_version=cluster)
         image = h.container(deployment(docs), "kube-scheduler")["image"]
         assert image == f"registry.k8s.io/kube-scheduler:{tag}", cluster
@@ -708,3 +709,39 @@ def test_grafana_dashboard_config_map(all_docs: list[Obj], default_docs: list[Ob
     exported |= {n + "_total" for n in exported}
     queried = set(re.findall(r"gpushare_[a-z_]+", exprs))
     assert queried and queried <= exported
+
+
+# ---------------------------------------------------------------------------------- cluster versions
+
+SUPPORTED_MINORS = range(33, 38)  # README "Supported Kubernetes versions", hack/build-k8s.sh --list
+
+
+def test_chart_kube_version_is_the_tested_range() -> None:
+    """Chart.yaml's kubeVersion is the range hack/build-k8s.sh builds and `make test-matrix` tests."""
+    chart = yaml.safe_load((h.CHART_DIR / "Chart.yaml").read_text())
+    listed = subprocess.run(
+        [str(h.REPO_ROOT / "hack" / "build-k8s.sh"), "--list"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert [int(v.split(".")[1]) for v in listed] == list(SUPPORTED_MINORS)
+    lo, hi = SUPPORTED_MINORS[0], SUPPORTED_MINORS[-1] + 1
+    assert chart["kubeVersion"] == f">=1.{lo}.0-0 <1.{hi}.0-0"
+    # ...and the README and docs/versions.md state that range
+    for doc in ("README.md", "docs/versions.md"):
+        text = (h.REPO_ROOT / doc).read_text()
+        assert f"Kubernetes 1.{lo} to 1.{hi - 1}" in text or f"Kubernetes **1.{lo} to 1.{hi - 1}**" in text, doc
+
+
+@pytest.mark.parametrize(
+    "cluster", ["v1.33.0", "v1.33.5-eks-1a2b3c4", "v1.34.1-gke.1200", "v1.35.4+k3s1", "v1.36.3", "v1.37.2"]
+)
+def test_chart_installs_on_supported_clusters(helm: Any, cluster: str) -> None:
+    assert h.render_chart(kube_version=cluster)
+
+
+@pytest.mark.parametrize("cluster", ["v1.25.16", "v1.32.13", "v1.32.9-eks-1a2b3c4", "v1.38.0"])
+def test_chart_refuses_unsupported_clusters_naming_the_range(helm: Any, cluster: str) -> None:
+    with pytest.raises(h.HelmError) as err:
+        h.render_chart(kube_version=cluster)
+    message = str(err.value)
+    assert "chart requires kubeVersion: >=1.33.0-0 <1.38.0-0" in message, message
+    assert f"incompatible with Kubernetes {cluster.split('-')[0]}" in message, message

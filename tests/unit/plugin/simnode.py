@@ -104,7 +104,10 @@ def start_node(
         os.mkfifo(f"{d}/mps/control")
     kube = kube or FakeKube()
     if NODE not in kube.nodes:
-        kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": {"capacity": {}}})
+        # The version a kubelet with these PodResources semantics reports (before 1.34: every pod listed).
+        version = "v1.33.13" if kubelet_kw.get("list_all_pods") else "v1.36.3"
+        status = {"capacity": {}, "nodeInfo": {"kubeletVersion": version}}
+        kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": status})
     backend = SimBackend(gpus, NODE, poll_interval=0.05)
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock", **kubelet_kw)
     kubelet.start()

@@ -78,8 +78,14 @@ def test_two_pods_with_init_containers_back_to_back(sim_node):
     assert_served(sim_node, "i2", {"setup": 5, "app": 2})
 
 
-def test_pod_rejected_after_allocate_then_another_pod_of_the_same_size():
-    node = start_node(predicate=cpu_rejects("a-rejected"))
+# kubelet before 1.34 (KubeletPodResourcesListUseActivePods off) lists every pod of its pod manager,
+# rejected and terminated pods included: each rejected-pod scenario runs under both semantics.
+LIST_SEMANTICS = pytest.mark.parametrize("list_all_pods", [False, True], ids=["active-pods", "all-pods-pre-1.34"])
+
+
+@LIST_SEMANTICS
+def test_pod_rejected_after_allocate_then_another_pod_of_the_same_size(list_all_pods: bool):
+    node = start_node(predicate=cpu_rejects("a-rejected"), list_all_pods=list_all_pods)
     try:
         rejected = node.add(make_pod("a-rejected", [("m", 4)]), [0], 4, 10)
         with pytest.raises(AdmissionError) as err:
@@ -92,9 +98,10 @@ def test_pod_rejected_after_allocate_then_another_pod_of_the_same_size():
         stop_node(node)
 
 
-def test_pod_rejected_after_allocate_reported_failed_then_another_pod_of_the_same_size():
+@LIST_SEMANTICS
+def test_pod_rejected_after_allocate_reported_failed_then_another_pod_of_the_same_size(list_all_pods: bool):
     """Through the API: kubelet writes the rejected pod Failed; the next pod of its size is served."""
-    node = start_node(predicate=cpu_rejects("a-rejected"))
+    node = start_node(predicate=cpu_rejects("a-rejected"), list_all_pods=list_all_pods)
     try:
         node.add(make_pod("a-rejected", [("m", 4)]), [0], 4, 10)
         node.add(make_pod("b-later", [("m", 4)]), [1], 4, 11)
@@ -107,6 +114,70 @@ def test_pod_rejected_after_allocate_reported_failed_then_another_pod_of_the_sam
         assert node.kube.pods[("default", "a-rejected")]["status"]["reason"] == "OutOfcpu"
         assert phase("b-later") == "Running"
         assert_served(node, "b-later", {"m": 4})
+    finally:
+        stop_node(node)
+
+
+def _phase(node: SimNode, name: str) -> str:
+    return node.kube.pods[("default", name)]["status"]["phase"]
+
+
+def _run_batch(node: SimNode) -> None:
+    """kubelet admits the batch in name order; its status manager writes a moment later (status_lag)."""
+    node.kubelet.run_with_kube(node.kube, NODE, order=lambda b: sorted(b, key=lambda p: p["metadata"]["name"]))
+
+
+@LIST_SEMANTICS
+def test_pod_refused_at_admission_then_pods_of_the_same_size(list_all_pods: bool):
+    """Another scheduler's pod is refused by our Allocate (kubelet rejects it: UnexpectedAdmissionError);
+    the next two pods of its size, admitted right after, are served while the API still shows it Pending.
+    Before 1.34 kubelet lists the rejected pod, holding nothing, exactly like a pod being admitted."""
+    node = start_node(predicate=None, list_all_pods=list_all_pods, status_lag=0.5)
+    try:
+        stranger = make_pod("a-stranger", [("m", 4)])
+        stranger["spec"]["schedulerName"] = "default-scheduler"
+        node.kube.add_pod(stranger)
+        node.add(make_pod("b-first", [("m", 4)]), [1], 4, 11)
+        node.add(make_pod("c-second", [("m", 4)]), [2], 4, 12)
+        _run_batch(node)
+        node.kubelet.wait_for(
+            lambda: (
+                _phase(node, "a-stranger") == "Failed"
+                and _phase(node, "b-first") == "Running"
+                and _phase(node, "c-second") == "Running"
+            ),
+            20,
+            "the stranger refused, both later pods running",
+        )
+        assert node.kube.pods[("default", "a-stranger")]["status"]["reason"] == "UnexpectedAdmissionError"
+        assert_served(node, "b-first", {"m": 4})
+        assert_served(node, "c-second", {"m": 4})
+    finally:
+        stop_node(node)
+
+
+@LIST_SEMANTICS
+def test_pod_rejected_after_allocate_then_pods_of_the_same_size_while_its_status_lags(list_all_pods: bool):
+    """Served, then rejected (OutOfcpu): its devices are freed at once, its Failed status arrives later.
+    A container this plugin served that holds nothing is not admitting: the later pods are served."""
+    node = start_node(predicate=cpu_rejects("a-rejected"), list_all_pods=list_all_pods, status_lag=0.5)
+    try:
+        node.add(make_pod("a-rejected", [("m", 4)]), [0], 4, 10)
+        node.add(make_pod("b-first", [("m", 4)]), [0], 4, 11)
+        node.add(make_pod("c-second", [("m", 4)]), [1], 4, 12)
+        _run_batch(node)
+        node.kubelet.wait_for(
+            lambda: (
+                _phase(node, "a-rejected") == "Failed"
+                and _phase(node, "b-first") == "Running"
+                and _phase(node, "c-second") == "Running"
+            ),
+            20,
+            "the rejected pod Failed, both later pods running",
+        )
+        assert node.kube.pods[("default", "a-rejected")]["status"]["reason"] == "OutOfcpu"
+        assert_served(node, "b-first", {"m": 4})
+        assert_served(node, "c-second", {"m": 4})
     finally:
         stop_node(node)
 

@@ -10,11 +10,13 @@ from share_core.contract import MemoryUnit, device_id
 from share_core.fake import FakeKube
 from share_core.kube import Unavailable
 from share_core.retry import Backoff
+from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.backend import Gpu
 from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
 from share_plugin.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
 from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
 from share_plugin.matcher import AllocationError, container_env, match_allocation, runs_without_gpu
+from share_plugin.podresources import view_from_response
 from share_plugin.publisher import Publisher
 from tests.unit.plugin.simnode import NODE, assign, make_pod
 
@@ -278,3 +280,30 @@ def test_publisher_retries_in_background_until_api_server_answers():
     pub.stop()
     assert pub.published and kube.calls["patch_node_annotations"] == 4
     assert kube.nodes[NODE]["status"]["capacity"]["nvidia.com/gpu-count"] == "2"
+
+
+def test_listed_twice_under_one_name_merges_what_each_entry_holds():
+    """Before 1.34 PodResources lists a terminated pod and its re-created namesake (no UIDs): one view
+    entry; only the active one can hold devices (UpdateAllocatedDevices freed the other's)."""
+
+    def entry(held: list[str]) -> prpb.PodResources:
+        dev = prpb.ContainerDevices(resource_name="nvidia.com/gpu-mem", device_ids=held)
+        return prpb.PodResources(
+            name="p", namespace="default", containers=[prpb.ContainerResources(name="m", devices=[dev])]
+        )
+
+    for order in ([[], ids(2)], [ids(2), []]):
+        resp = prpb.ListPodResourcesResponse(pod_resources=[entry(h) for h in order])
+        assert view_from_response(resp, "nvidia.com/gpu-mem") == {("default", "p"): {"m": frozenset(ids(2))}}
+
+
+def test_served_container_holding_nothing_is_not_admitting():
+    """A container this plugin served whose devices kubelet freed belongs to a pod that is no longer active
+    (rejected after Allocate, or terminated; listed before 1.34 until the API shows it Failed)."""
+    a, b = pod("a", [("m", 2)], 0, 1), pod("b", [("m", 2)], 1, 2)
+    view = {("default", "a"): {"m": frozenset()}, ("default", "b"): {"m": frozenset()}}
+    with pytest.raises(AllocationError, match="2 pods could take"):
+        match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view)
+    m = match_allocation(NODE, ids(2), [a, b], GPUS, MemoryUnit.GiB, view, frozenset({("uid-a", "m")}))
+    assert (m.name, m.gpus[0].index, m.alternatives) == ("b", 1, 0)
+    assert runs_without_gpu([a, b], view) == []

@@ -100,3 +100,22 @@ def test_pod_resources_rate_limit_is_waited_out_then_reported(busy: int, ok: boo
     finally:
         client.close()
         server.stop(0)
+
+
+def test_pod_admitted_again_by_a_restarted_kubelet_is_served_again():
+    """The old kubelet asked for the pod's Allocate, then stopped before its rejection reached the API
+    (seen on v1.37.2: "Allocate failed due to ... context canceled"); the new kubelet admits the pod
+    again, holding nothing. Within one kubelet a served container holding nothing is inactive; across a
+    restart it is admitting."""
+    kube = FakeKube()
+    backend = SimBackend("2xT4:16GiB", NODE)
+    pod = make_pod("again", [("m", 2)])
+    assign(pod, [0], [backend.gpus()[0].uuid], 2, 1)
+    kube.add_pod(pod)
+    alloc = Allocator(NODE, kube, backend, MemoryUnit.GiB, StaticView({("default", "again"): {"m": frozenset()}}))
+    alloc.allocate(ids(backend, 2))
+    with pytest.raises(AllocationError, match="no pod to serve"):
+        alloc.allocate(ids(backend, 2))  # the same kubelet: that pod was served, it is not admitting
+    alloc.kubelet_restarted()
+    env = alloc.allocate(ids(backend, 2))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == backend.gpus()[0].uuid
