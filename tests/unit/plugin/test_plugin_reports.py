@@ -117,5 +117,5 @@ def test_pod_admitted_again_by_a_restarted_kubelet_is_served_again():
     with pytest.raises(AllocationError, match="no pod to serve"):
         alloc.allocate(ids(backend, 2))  # the same kubelet: that pod was served, it is not admitting
     alloc.kubelet_restarted()
-    env = alloc.allocate(ids(backend, 2))
+    env = alloc.allocate(ids(backend, 2)).envs
     assert env["NVIDIA_VISIBLE_DEVICES"] == backend.gpus()[0].uuid
