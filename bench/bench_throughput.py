@@ -173,7 +173,7 @@ def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Manag
         argv += ["--filter-keeps", sc.filter_keeps]
     if sc.bind_events:
         argv += ["--bind-events", sc.bind_events]
-    argv += EXTRA_EXTENDER_ARGS
+    argv += EXTRA_EXTENDER_ARGS  # BENCH_EXTENDER_ARGS: more flags for our extender (e.g. --threads 64)
     env = dict(os.environ, PYTHONPATH=str(sc.src))
     proc = ManagedProcess("extender", argv, workdir / f"extender-{sc.label}.log", env=env, cwd=sc.src)
     url = f"http://127.0.0.1:{port}"

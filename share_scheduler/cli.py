@@ -54,8 +54,6 @@ class ExtenderServer(BaseApplication):  # type: ignore[misc]
         from share_scheduler.app import create_app
 
         a = self.args
-        if a.switch_interval > 0:
-            sys.setswitchinterval(a.switch_interval)
         # One kept-open connection per serving thread (each bind is one API call), plus the two watches.
         kube = ApiServerClient.from_kubeconfig(
             a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
@@ -107,12 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
             choices=FILTER_KEEPS,
             help="filter answers with the policy's best nodes (default; kube-scheduler needs no prioritize "
             "call) or every fitting node (ranked by prioritize); kube-scheduler's config must match",
-        )
-        p.add_argument(
-            "--switch-interval",
-            type=float,
-            default=d(0.0),
-            help=argparse.SUPPRESS,  # experiment: the interpreter's thread switch interval (s)
         )
         p.add_argument(
             "--bind-events",
