@@ -31,12 +31,13 @@ from share_scheduler.extender import (
     FILTER_KEEPS,
     BadRequest,
     ScoreMemo,
-    best_fitting,
+    best_nodes,
     filter_nodes,
     filter_result,
     invalid_request_message,
     parse_extender_args,
     pod_demand,
+    policy_scores,
     prioritize,
 )
 from share_scheduler.placement import Policy, learns, make_policy
@@ -209,7 +210,7 @@ def create_app(
         binder.remember(args.pod, request)
         entries = cache.entries(args.names)
         if keep_best:
-            passed = best_fitting(policy, demand, entries, memo, binder.policy_lock)
+            passed = best_nodes(policy_scores(policy, demand, entries, memo, binder.policy_lock))
             failed, unresolvable = {}, {}
             if not passed:
                 _, failed, unresolvable = filter_nodes(demand, entries, unit)

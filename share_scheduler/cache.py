@@ -9,7 +9,8 @@ Two sources of truth are merged:
   assignment annotations and has not finished;
 - our own binds, which count *before* the API server shows them ("assumed" pods, in a TTLCache): from
   the moment bind chooses a GPU until the watch shows the pod bound, is rolled back, or the TTL expires
-  (a Binding that never appeared).
+  (a Binding that never appeared); and filter's holds, which count a lone node's GPUs for a pod from
+  its filter to its bind (`hold`, lapsing after HOLD_TTL unless bind turns them into an assumption).
 """
 
 from __future__ import annotations

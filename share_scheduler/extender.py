@@ -179,14 +179,12 @@ def filter_nodes(
     demand: Demand,
     entries: Sequence[tuple[str, NodeSnapshot | None]],
     unit: MemoryUnit,
-    explain: bool | None = None,
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Pure: (passing names, FailedNodes, FailedAndUnresolvableNodes).
 
     kube-scheduler reads the failed maps only to explain a pod no node can take and to tell which
     nodes preemption may help (findNodesThatPassExtenders fills the cycle's diagnosis with them), so
-    by default (`explain` None) they are only worked out when no node passes: a pod that has a node
-    gets the short answer. `explain` True or False forces either."""
+    they are only worked out when no node passes: a pod that has a node gets the short answer."""
     passed: list[str] = []
     unfit: list[tuple[str, NodeSnapshot | None]] = []
     for name, entry in entries:
@@ -196,7 +194,7 @@ def filter_nodes(
             unfit.append((name, entry))
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    if explain is False or (explain is None and passed):
+    if passed:
         return passed, failed, unresolvable
     for name, entry in unfit:
         if entry is None:
@@ -374,46 +372,9 @@ def prioritize(
     return [{"Host": name, "Score": scores[name]} for name, _ in entries]
 
 
-def best_fitting(
-    policy: Policy,
-    demand: Demand,
-    entries: Sequence[tuple[str, NodeSnapshot | None]],
-    memo: ScoreMemo | None = None,
-    lock: threading.Lock | None = None,
-) -> list[str]:
-    """`best_nodes(policy_scores(...))` in one pass: the memo's score also says whether the demand fits
-    (-inf), so each node costs one dict lookup. Filter's hot path at thousands of nodes."""
-    table = memo.table(demand) if memo is not None else None
-    if table is None:
-        return best_nodes(policy_scores(policy, demand, entries, memo, lock))
-    assert memo is not None
-    guard: AbstractContextManager[Any] | threading.Lock = lock if lock is not None else nullcontext()
-    get = table.get
-    top = NEG_INF
-    keep: list[str] = []
-    stored = 0
-    for name, entry in entries:
-        if entry is None:
-            continue
-        score = get(entry.view_id)
-        if score is None:
-            score = table[entry.view_id] = _score(policy, demand, entry, guard)
-            stored += 1
-        if score < top or score == NEG_INF:
-            continue
-        if score > top:
-            top = score
-            keep = [name]
-        else:
-            keep.append(name)
-    memo.hits += len(entries) - stored
-    if stored:
-        memo.added(stored)
-    return keep
-
-
 def best_nodes(scores: Mapping[str, float]) -> list[str]:
-    """The nodes the policy would choose among: those with its highest score, in request order.
+    """The nodes the policy would choose among: those with its highest score, in request order
+    (-inf: does not fit; the memoised score decides fit and rank in one lookup per node).
 
     Filter returning only these makes prioritize unnecessary: kube-scheduler skips scoring when one
     node is left (schedulePod, "When only one node after predicate, just use it") and otherwise lets

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from share_core.kube import Gone, KubeClient, KubeError, ListResult, WatchEvent
+from share_core.kube import Gone, KubeClient, KubeError, WatchEvent
 from share_core.retry import Backoff
 from share_scheduler.cache import ClusterCache
 
@@ -81,37 +81,25 @@ class Syncer:
 
     def sync_once(self, kind: str) -> str:
         """One full list applied to the cache; returns the list's resourceVersion."""
-        result: ListResult
         start = time.monotonic()
         if kind == "nodes":
             result = self.kube.list_nodes()
-            listed = time.monotonic()
             self.cache.replace_nodes(result.items)
-            count = len(result.items)
+            count, rv = len(result.items), result.resource_version
         else:
             # Page by page: the next page is fetched while this one is parsed, and no page outlives its parse.
             pages = self.kube.pod_pages()
             self.cache.replace_pods(itertools.chain.from_iterable(pages))
-            listed = time.monotonic()  # fetch and parse overlap: "applied" is what is left after the last page
-            result = ListResult([], pages.resource_version)
-            count = pages.count
-        applied = time.monotonic()
+            count, rv = pages.count, pages.resource_version
+        synced = time.monotonic()
         self.lists[kind] += 1
         settled = ""
         if not self._frozen and self.cache.synced:
             self._frozen = True
             settle_gc()
-            settled = f", then settled the heap in {time.monotonic() - applied:.2f}s"
-        log.info(
-            "listed %d %s (resourceVersion %s) in %.2fs, applied in %.2fs%s",
-            count,
-            kind,
-            result.resource_version,
-            listed - start,
-            applied - listed,
-            settled,
-        )
-        return result.resource_version
+            settled = f", then settled the heap in {time.monotonic() - synced:.2f}s"
+        log.info("listed and applied %d %s (resourceVersion %s) in %.2fs%s", count, kind, rv, synced - start, settled)
+        return rv
 
     def _watch(self, kind: str, rv: str) -> Iterator[WatchEvent]:
         if kind == "nodes":
