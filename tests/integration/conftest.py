@@ -3,15 +3,62 @@
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.controlplane import ControlPlane
+from tests.controlplane.binaries import BUILD_SCRIPT
 from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
 from tests.controlplane.gpucluster import GpuCluster
 from tests.node import RealNode
+
+# Tests marked `dra` need resource.k8s.io/v1, served from Kubernetes 1.34 on.
+DRA_MIN_VERSION = (1, 34)
+_deselected_notes: list[str] = []
+
+
+def release_under_test() -> str:
+    """The Kubernetes release the integration tier runs against, without building it: the built
+    kube-apiserver's version when GPUSHARE_K8S_BIN_DIR names one, else hack/build-k8s.sh --version."""
+    preset = os.environ.get("GPUSHARE_K8S_BIN_DIR")
+    argv = [str(Path(preset) / "kube-apiserver"), "--version"] if preset else [str(BUILD_SCRIPT), "--version"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"v\d+\.\d+\.\d+\S*", out)
+    if not m:
+        raise RuntimeError(f"{' '.join(argv)} printed no version: {out!r}")
+    return m.group(0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the `dra` tests on a release without resource.k8s.io/v1 (1.33: `hack/test-matrix.sh --oldest`),
+    loudly: the summary names them and why (a deselect, not a skip, which the matrix would count as a failure)."""
+    dra = [i for i in items if i.get_closest_marker("dra") is not None]
+    if not dra:
+        return
+    version = release_under_test()
+    minor = tuple(int(x) for x in version.lstrip("v").split(".")[:2])
+    if minor >= DRA_MIN_VERSION:
+        return
+    items[:] = [i for i in items if i.get_closest_marker("dra") is None]
+    config.hook.pytest_deselected(items=dra)
+    _deselected_notes.append(
+        f"deselected {len(dra)} DRA tests: Kubernetes {version} does not serve resource.k8s.io/v1 "
+        f"(GA in {DRA_MIN_VERSION[0]}.{DRA_MIN_VERSION[1]}); share-dra needs {DRA_MIN_VERSION[0]}.{DRA_MIN_VERSION[1]}+"
+    )
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    return list(_deselected_notes)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for note in _deselected_notes:
+        terminalreporter.write_line(note, yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +94,9 @@ def pytest_runtest_makereport(
     cluster = getattr(item, "funcargs", {}).get("gpu_cluster")
     if report.failed and isinstance(cluster, GpuCluster):
         report.sections.append(("gpushare process logs", cluster.logs(80)))
+    dra = getattr(item, "funcargs", {}).get("dra_cluster")  # tests/integration/test_dra.py
+    if report.failed and dra is not None:
+        report.sections.append(("control plane and share-dra logs", dra.logs()))
     node = getattr(item, "funcargs", {}).get("real_node")
     if report.failed and isinstance(node, RealNode):
         report.sections.append(("real node logs (kubelet, containerd)", node.logs(80)))
