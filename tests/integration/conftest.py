@@ -17,8 +17,6 @@ from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
 from tests.controlplane.gpucluster import GpuCluster
 from tests.node import RealNode
 
-# Tests marked `dra` need resource.k8s.io/v1, served from Kubernetes 1.34 on.
-DRA_MIN_VERSION = (1, 34)
 _deselected_notes: list[str] = []
 
 
@@ -34,22 +32,36 @@ def release_under_test() -> str:
     return m.group(0)
 
 
+def _minor(text: str) -> tuple[int, int]:
+    major, minor = text.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect the `dra` tests on a release without resource.k8s.io/v1 (1.33: `hack/test-matrix.sh --oldest`),
-    loudly: the summary names them and why (a deselect, not a skip, which the matrix would count as a failure)."""
-    dra = [i for i in items if i.get_closest_marker("dra") is not None]
-    if not dra:
+    """Deselect tests marked `k8s_min("1.N", "why")` on an older release (1.33 under `hack/test-matrix.sh --oldest`
+    for the DRA tests), loudly: the run's header and summary name them and why. A deselect, not a skip: the
+    matrix counts a skip as a failure, and these tests cannot pass there."""
+    marked = [(i, list(i.iter_markers("k8s_min"))) for i in items]
+    marked = [(i, ms) for i, ms in marked if ms]
+    if not marked:
         return
     version = release_under_test()
-    minor = tuple(int(x) for x in version.lstrip("v").split(".")[:2])
-    if minor >= DRA_MIN_VERSION:
+    have = _minor(version)
+    out: dict[str, list[pytest.Item]] = {}
+    for item, marks in marked:
+        unmet = sorted((_minor(m.args[0]), m.args[0], m.args[1] if len(m.args) > 1 else "") for m in marks)
+        unmet = [u for u in unmet if have < u[0]]
+        if unmet:  # the most basic requirement it lacks is the reason
+            _, want, why = unmet[0]
+            out.setdefault(f"Kubernetes {version} < {want}: {why}", []).append(item)
+    if not out:
         return
-    items[:] = [i for i in items if i.get_closest_marker("dra") is None]
-    config.hook.pytest_deselected(items=dra)
-    _deselected_notes.append(
-        f"deselected {len(dra)} DRA tests: Kubernetes {version} does not serve resource.k8s.io/v1 "
-        f"(GA in {DRA_MIN_VERSION[0]}.{DRA_MIN_VERSION[1]}); share-dra needs {DRA_MIN_VERSION[0]}.{DRA_MIN_VERSION[1]}+"
-    )
+    dropped = {id(i) for group in out.values() for i in group}
+    items[:] = [i for i in items if id(i) not in dropped]
+    for reason, group in out.items():
+        config.hook.pytest_deselected(items=group)
+        names = ", ".join(i.name for i in group)
+        _deselected_notes.append(f"deselected {len(group)} tests ({reason}): {names}")
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
