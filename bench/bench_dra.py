@@ -1,0 +1,319 @@
+"""The two modes side by side through the real kube-scheduler: DRA (kube-scheduler's own allocator over
+share-dra's ResourceSlices) and the device plugin with our extender.
+
+Real etcd, kube-apiserver and kube-scheduler from hack/build-k8s.sh; no kubelets (pods are only bound,
+claims only allocated). Two measurements:
+
+  python bench/bench_dra.py throughput [--nodes 1000 --pods 2000]
+      N nodes of G GPUs, each both annotated for the extender and published as a share-dra ResourceSlice;
+      M pods of random sizes, once as `nvidia.com/gpu-mem` pods through kube-scheduler + our extender
+      (binpack), once as pods with a ResourceClaim of the same size through kube-scheduler alone.
+      Prints pods/s, scheduling latency and CPU per pod of each process, as bench_throughput.py.
+
+  python bench/bench_dra.py frag [--nodes 40 --seeds 3]
+      Replays an openb sample (nodes drawn per model from ../shared/data/openb, pods in share-sim's
+      seeded arrival order: same seed, same order) through kube-scheduler's DRA allocator, one pod at a
+      time, and runs share-sim's policies on the same sample: what the DRA allocator's choice of node
+      and GPU does to fragmentation. One GiB of a device stands for one thousandth of a GPU, so openb's
+      shares map exactly (every GPU offers 1000 GiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import yaml  # noqa: E402
+from bench_throughput import (  # noqa: E402
+    NAMESPACE,
+    SIZES,
+    BoundWatch,
+    Scenario,
+    apiserver_requests,
+    cpu_seconds,
+    delete_all_pods,
+    fmt_row,
+    run_scenario,
+)
+
+from share_core.kube import ApiServerClient, KubeError  # noqa: E402
+from share_scheduler.sim.engine import build_policy, simulate  # noqa: E402
+from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload, load_openb  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, ready_condition  # noqa: E402
+from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.draworkload import (  # noqa: E402
+    RESOURCE_API,
+    allocated_devices,
+    claim_pod,
+    device_class,
+    gpu_slice,
+    memory_claim,
+)
+
+OPENB = ROOT.parent / "shared" / "data" / "openb"
+
+
+def scheduler_config(qps: int) -> str:
+    """kube-scheduler's defaults (its DRA plugin included), with the client QPS of the extender runs."""
+    return yaml.safe_dump({"clientConnection": {"qps": qps, "burst": qps}})
+
+
+def publish_slices(admin: ApiServerClient, nodes: list[tuple[str, list[tuple[str, int]]]]) -> None:
+    def make(entry: tuple[str, list[tuple[str, int]]]) -> None:
+        admin.request("POST", f"{RESOURCE_API}/resourceslices", body=gpu_slice(*entry))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, nodes))
+
+
+# --------------------------------------------------------------------------- throughput
+
+
+def run_dra_scenario(cp: ControlPlane, admin: ApiServerClient, pods: int, seed: int, qps: int) -> dict[str, Any]:
+    """M claims + M pods created at once; kube-scheduler alone allocates and binds them."""
+    sched = cp.start_scheduler(scheduler_config(qps))
+    time.sleep(2.0)
+    procs: dict[str, Callable[[], float]] = {
+        "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
+        "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
+        "scheduler": lambda: cpu_seconds(sched.pid),
+        "client": lambda: cpu_seconds(os.getpid(), descendants=False),
+    }
+    rng = random.Random(seed)
+    sizes = [rng.choice(SIZES) for _ in range(pods)]
+    watch = BoundWatch(admin, pods)
+    before = {k: f() for k, f in procs.items()}
+    requests_before = apiserver_requests(admin)
+    created: dict[str, float] = {}
+    start = time.monotonic()
+
+    def create(i: int) -> None:
+        name = f"d{i:06d}"
+        t = time.monotonic()
+        admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
+                      body=memory_claim(NAMESPACE, name, sizes[i]))  # fmt: skip
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=claim_pod(NAMESPACE, name, name))
+        created[name] = t
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, range(pods)))
+    if not watch.done.wait(600):
+        raise TimeoutError(f"dra: only {len(watch.bound)}/{pods} pods bound in 600 s")
+    end = max(watch.bound.values())
+    after = {k: f() for k, f in procs.items()}
+    per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in apiserver_requests(admin).items()}
+    cp.stop_scheduler()
+    delete_all_pods(admin)
+    admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    latencies = sorted(watch.bound[n] - created[n] for n in created)
+    return {
+        "label": "dra (kube-scheduler)",
+        "qps": qps,
+        "pods_per_s": pods / (end - start),
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
+        "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        "extender_ms": {},
+        "bind_failures": {},
+        "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
+    }
+
+
+def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient, workdir: Path) -> None:
+    names = [f"node-{i:05d}" for i in range(args.nodes)]
+    t = time.monotonic()
+    create_bare_nodes(admin, names, args.gpus, args.gpu_mem)
+    publish_slices(admin, [(n, [("NVIDIA A100-SXM4-80GB", args.gpu_mem)] * args.gpus) for n in names])
+    print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB (annotated and sliced) in "
+          f"{time.monotonic() - t:.0f} s; {os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
+    results = []
+    for _ in range(args.runs):
+        results.append(run_scenario(Scenario("extender binpack", args.qps, "binpack"), cp, admin, args.pods,
+                                    workdir, args.seed))  # fmt: skip
+        print(fmt_row(results[-1], {}), flush=True)
+        results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps))
+        print(fmt_row(results[-1], {}), flush=True)
+    ext = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("extender"))
+    dra = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("dra"))
+    print(f"\n# {args.nodes} nodes, {args.pods} pods, QPS {args.qps}: median pods/s extender {ext:.1f}, "
+          f"dra {dra:.1f} (dra/extender x{dra / ext:.2f})")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- fragmentation replay
+
+
+def sample_nodes(nodes: tuple[SimNode, ...], count: int, seed: int) -> tuple[SimNode, ...]:
+    """`count` openb nodes, each model represented in proportion (at least one of each), seeded."""
+    rng = random.Random(f"nodes-{seed}")
+    by_model: dict[str, list[SimNode]] = {}
+    for n in nodes:
+        if n.gpus:
+            by_model.setdefault(n.model, []).append(n)
+    total = sum(len(v) for v in by_model.values())
+    picked: list[SimNode] = []
+    for model in sorted(by_model):
+        group = by_model[model]
+        k = max(1, round(count * len(group) / total))
+        picked.extend(rng.sample(group, min(k, len(group))))
+    return tuple(sorted(picked, key=lambda n: n.name))
+
+
+def arrival_order(workload: Workload, seed: int, tune: float) -> list[int]:
+    """Pod indices in share-sim's arrival order (engine.simulate draws exactly so)."""
+    rng = random.Random(seed)
+    target, requested, order = tune * workload.gpu_capacity, 0, []
+    while requested < target:
+        k = rng.randrange(len(workload.pods))
+        order.append(k)
+        requested += workload.pods[k].gpu_request
+    return order
+
+
+def wait_scheduled(admin: ApiServerClient, name: str, timeout: float = 60.0) -> str | None:
+    """The node the pod was bound to, or None once kube-scheduler marked it unschedulable."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            return str(node)
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return None
+        time.sleep(0.02)
+    raise TimeoutError(f"pod {name} neither bound nor unschedulable in {timeout} s")
+
+
+def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], tune: float) -> dict[str, Any]:
+    """Each arrival as a claim + pod through kube-scheduler, one at a time; a pod that fits nowhere is
+    deleted with its claim (the protocol's failed pod). Unallocated % read as share-sim reads it."""
+    capacity = workload.gpu_capacity
+    requested = placed = failed = 0
+    marks = {90: None, 95: None, 100: None, 130: None}
+    started = time.monotonic()
+    for i, k in enumerate(order):
+        pod: SimPod = workload.pods[k]
+        name = f"a{i:05d}"
+        claim = None
+        if pod.count:
+            claim = name
+            admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
+                          body=memory_claim(NAMESPACE, name, pod.per_gpu, pod.count, pod.models))  # fmt: skip
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                      body=claim_pod(NAMESPACE, name, claim, pod.cpu, pod.memory))  # fmt: skip
+        requested += pod.gpu_request
+        if wait_scheduled(admin, name) is None:
+            failed += 1
+            admin.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", query={"gracePeriodSeconds": "0"})
+            if claim:
+                admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{name}")
+        elif claim:
+            got = admin.request("GET", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{name}")
+            devices = allocated_devices(got)
+            units = sum(int(q.removesuffix("Gi")) for _, _, q in devices)
+            if units != pod.gpu_request:
+                raise AssertionError(f"claim {name}: allocated {devices}, asked {pod.count} x {pod.per_gpu}")
+            placed += units
+        for mark in marks:
+            if marks[mark] is None and requested * 100 >= mark * capacity:
+                marks[mark] = 100.0 - 100.0 * placed / capacity
+    return {"unallocated_pct": marks, "arrivals": len(order), "failed": failed,
+            "seconds": time.monotonic() - started}  # fmt: skip
+
+
+def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient) -> None:
+    full = load_openb(str(OPENB / "openb_node_list_gpu_node.csv"), str(OPENB / "openb_pod_list_default.csv"))
+    policies = [p for p in args.policies.split(",") if p]
+    rows: dict[str, list[float]] = {"dra (kube-scheduler)": [], **{p: [] for p in policies}}
+    admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
+    cp.start_scheduler(scheduler_config(args.qps))
+    try:
+        for seed in range(args.seed, args.seed + args.seeds):
+            nodes = sample_nodes(full.nodes, args.nodes, seed)
+            workload = Workload(nodes, full.pods, full.unit)
+            names = [n.name for n in nodes]
+            for n in nodes:
+                admin.request("POST", "/api/v1/nodes", body={"metadata": {"name": n.name, "labels": {
+                    "kubernetes.io/hostname": n.name}}})  # fmt: skip
+                res = {"cpu": f"{n.cpu}m", "memory": f"{n.memory}Mi", "pods": "1000"}
+                admin.request("PATCH", f"/api/v1/nodes/{n.name}/status", content_type="application/merge-patch+json",
+                              body={"status": {"capacity": res, "allocatable": res,
+                                               "conditions": [ready_condition()]}})  # fmt: skip
+            publish_slices(admin, [(n.name, [(n.model, g) for g in n.gpus]) for n in nodes])
+            order = arrival_order(workload, seed, args.tune)
+            dra = replay_dra(admin, workload, order, args.tune)
+            rows["dra (kube-scheduler)"].append(dra["unallocated_pct"][100])
+            line = [f"seed {seed}: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, "
+                    f"{dra['arrivals']} arrivals ({dra['failed']} failed) in {dra['seconds']:.0f} s; "
+                    f"unallocated at 100%: dra {dra['unallocated_pct'][100]:.2f}"]  # fmt: skip
+            for p in policies:
+                res = simulate(workload, build_policy(p, seed, workload), seed, args.tune)
+                rows[p].append(res.unallocated_pct["100"])
+                line.append(f"{p} {res.unallocated_pct['100']:.2f}")
+            print(", ".join(line), flush=True)
+            delete_all_pods(admin)
+            admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+            admin.request("DELETE", f"{RESOURCE_API}/resourceslices")
+            for name in names:
+                admin.request("DELETE", f"/api/v1/nodes/{name}")
+    finally:
+        cp.stop_scheduler()
+    print(f"\n# openb samples of ~{args.nodes} nodes, seeds {args.seed}..{args.seed + args.seeds - 1}; "
+          f"unallocated GPU % at arrived 100% (lower is better; {MILLI} units per GPU)")  # fmt: skip
+    print("| placement | mean | seeds |\n|---|---|---|")
+    for label, xs in rows.items():
+        print(f"| {label} | {statistics.fmean(xs):.2f} | {' '.join(f'{x:.2f}' for x in xs)} |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["throughput", "frag"])
+    ap.add_argument("--nodes", type=int, help="throughput: 1000; frag: 40 (openb nodes sampled per model)")
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--gpu-mem", type=int, default=80, help="GiB per GPU (throughput)")
+    ap.add_argument("--pods", type=int, default=2000)
+    ap.add_argument("--qps", type=int, default=1000, help="kube-scheduler client QPS (burst = QPS)")
+    ap.add_argument("--runs", type=int, default=1, help="throughput: alternating runs of each mode")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=3, help="frag: samples replayed")
+    ap.add_argument("--tune", type=float, default=1.0, help="frag: stop once this x capacity was asked")
+    ap.add_argument("--policies", default="binpack,frag,bestfit", help="frag: share-sim policies to compare")
+    args = ap.parse_args()
+    if args.nodes is None:
+        args.nodes = 1000 if args.what == "throughput" else 40
+    with tempfile.TemporaryDirectory(prefix="gpushare-bench-dra-") as tmp:
+        workdir = Path(tmp)
+        cp = ControlPlane(workdir / "cp", k8s_bin_dir())
+        cp.start()
+        try:
+            admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
+            admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
+            if args.what == "throughput":
+                admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
+                throughput(args, cp, admin, workdir)
+            else:
+                fragmentation(args, cp, admin)
+        except (KubeError, TimeoutError) as exc:
+            print(f"bench failed: {exc}\n{cp.logs()}", file=sys.stderr)
+            return 1
+        finally:
+            cp.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

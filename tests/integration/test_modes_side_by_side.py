@@ -1,0 +1,154 @@
+"""One workload, both modes, on the same nodes: the device plugin with our extender, then DRA (share-dra's
+ResourceSlices, kube-scheduler's own allocator). Each pod must get exactly its size, on a GPU its node has,
+and no GPU may be promised more than its memory, in either mode.
+
+Device-plugin mode runs the session's GpuCluster (our plugin and a kubelet stand-in per node, the extender,
+kube-scheduler); DRA mode runs one `share-dra` per node (sim backend, the same GPUs: sim UUIDs derive from
+node and index) and a second kube-scheduler with a profile of its own. The modes run one after the other:
+neither sees the other's allocations, as on a real cluster where a node is in one mode.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from share_core.assignment import parse_assignment, pod_annotations
+from share_core.contract import DRA_ATTR_UUID, DRA_CAPACITY_MEMORY
+from share_core.kube import KubeError
+from share_dra.claims import quantity_bytes
+from share_plugin.backend.sim import sim_uuid
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.draworkload import RESOURCE_API, claim_pod, device_class, memory_claim
+from tests.controlplane.gpucluster import GpuCluster, pod_spec, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.k8s_min("1.36", "consumable capacity (DRAConsumableCapacity) is on by default from 1.36"),
+]
+
+GPUS = {"a": "1xT4:16GiB,1xV100:32GiB", "b": "2xT4:16GiB", "c": "1xA10:24GiB"}
+MEMORY_GIB = {"a": [16, 32], "b": [16, 16], "c": [24]}
+SIZES = [8, 4, 12, 2, 16, 6, 3, 10, 1, 5, 7, 9]  # 83 of the 104 GiB
+DRA_SCHEDULER = "gpushare-dra-side-by-side"
+
+
+def affinity(nodes: list[str]) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def bound_node(cluster: GpuCluster, ns: str, name: str) -> str:
+    def check() -> str | None:
+        pod = cluster.admin.get_pod(ns, name)
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        for c in conditions:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                raise AssertionError(f"{ns}/{name} unschedulable: {c.get('message')}")
+        return (pod.get("spec") or {}).get("nodeName") or None
+
+    return wait_for(check, 60, f"{ns}/{name} bound")
+
+
+@pytest.fixture
+def dra_plugins(gpu_cluster: GpuCluster, ns: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The three nodes, in device-plugin mode (GpuCluster) and published by share-dra at once."""
+    nodes = {suffix: f"{ns}-{suffix}" for suffix in GPUS}
+    for suffix, name in nodes.items():
+        gpu_cluster.add_node(name, GPUS[suffix])
+    admin = gpu_cluster.admin
+    try:
+        admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
+    except KubeError as exc:
+        if exc.status != 409:  # another test made it already
+            raise
+    procs = []
+    try:
+        for suffix, name in nodes.items():
+            work = tmp_path / name
+            for d in ("registry", "plugins", "cdi"):
+                (work / d).mkdir(parents=True)
+            argv = [sys.executable, "-m", "share_dra", f"--node-name={name}",
+                    f"--kubeconfig={gpu_cluster.cp.admin_kubeconfig}", "--backend=sim", f"--sim-gpus={GPUS[suffix]}",
+                    f"--plugins-registry-dir={work / 'registry'}", f"--plugin-dir={work / 'plugins'}",
+                    f"--cdi-dir={work / 'cdi'}", f"--cdi-spec-dirs={work / 'cdi'}"]  # fmt: skip
+            procs.append(ManagedProcess(f"share-dra-{name}", argv, tmp_path / f"share-dra-{name}.log"))
+        for name in nodes.values():
+            wait_for(lambda n=name: admin.request("GET", f"{RESOURCE_API}/resourceslices",
+                     query={"fieldSelector": f"spec.nodeName={n}"})["items"], 30, f"slice of {name}")  # fmt: skip
+        yield nodes
+    finally:
+        for proc in procs:
+            proc.stop()
+        for name in nodes.values():
+            admin.request("DELETE", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={name}"})
+
+
+def test_same_workload_same_sizes_on_valid_gpus_in_both_modes(
+    gpu_cluster: GpuCluster, ns: str, dra_plugins: dict[str, str]
+) -> None:
+    nodes = list(dra_plugins.values())
+    memory = {(dra_plugins[s], i): gib for s, sizes in MEMORY_GIB.items() for i, gib in enumerate(sizes)}
+    uuid_index = {sim_uuid(node, i): (node, i) for node, i in memory}
+    admin = gpu_cluster.admin
+
+    # Device-plugin mode: nvidia.com/gpu-mem limits, the extender picks and records the GPU.
+    plugin_mode: dict[str, tuple[str, int, int]] = {}
+    for k, gib in enumerate(SIZES):
+        pod = pod_spec(f"dp-{k}", gib, ns)
+        pod["spec"]["affinity"] = affinity(nodes)
+        gpu_cluster.create_pod(pod)
+        node = bound_node(gpu_cluster, ns, f"dp-{k}")
+        got = parse_assignment(pod_annotations(admin.get_pod(ns, f"dp-{k}")))
+        assert got is not None and len(got.gpu_uuids) == 1, got
+        assert uuid_index[got.gpu_uuids[0]] == (node, got.gpu_indices[0]), f"dp-{k}: {got} is not a GPU of {node}"
+        plugin_mode[f"pod-{k}"] = (node, got.gpu_indices[0], got.total)
+    gpu_cluster.wait_all_running(ns, len(SIZES))
+    gpu_cluster.check_invariants()  # env matches annotations; no GPU over its memory
+    for k in range(len(SIZES)):
+        admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/dp-{k}", query={"gracePeriodSeconds": 0})
+    wait_for(lambda: not [p for p in gpu_cluster.pods(ns) if p["metadata"]["name"].startswith("dp-")], 60, "dp gone")
+
+    # DRA mode: the same sizes as claims, kube-scheduler's DynamicResources plugin picks the device.
+    sched = gpu_cluster.cp.launch_scheduler(f"profiles: [{{schedulerName: {DRA_SCHEDULER}}}]\n", "dra-scheduler")
+    dra_mode: dict[str, tuple[str, int, int]] = {}
+    try:
+        slices = admin.request("GET", f"{RESOURCE_API}/resourceslices")["items"]
+        device_uuid = {
+            (s["spec"]["nodeName"], d["name"]): d["attributes"][DRA_ATTR_UUID]["string"]
+            for s in slices
+            for d in s["spec"].get("devices") or []
+        }
+        for k, gib in enumerate(SIZES):
+            admin.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims",
+                          body=memory_claim(ns, f"dra-{k}", gib))  # fmt: skip
+            pod = claim_pod(ns, f"dra-{k}", f"dra-{k}")
+            pod["spec"].update(schedulerName=DRA_SCHEDULER, affinity=affinity(nodes))
+            admin.request("POST", f"/api/v1/namespaces/{ns}/pods", body=pod)
+            node = bound_node(gpu_cluster, ns, f"dra-{k}")
+            claim = admin.request("GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/dra-{k}")
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert len(results) == 1, results
+            r = results[0]
+            assert r["pool"] == node, f"dra-{k} bound to {node}, its device is in pool {r['pool']}"
+            gpu_node, index = uuid_index[device_uuid[(node, r["device"])]]
+            assert gpu_node == node
+            consumed = quantity_bytes(r["consumedCapacity"][DRA_CAPACITY_MEMORY]) >> 30
+            dra_mode[f"pod-{k}"] = (node, index, consumed)
+    finally:
+        sched.process.stop()
+
+    # Same pods, same sizes (each its request), never over a GPU, in both modes.
+    assert set(plugin_mode) == set(dra_mode) == {f"pod-{k}" for k in range(len(SIZES))}
+    for mode, placed in (("device plugin", plugin_mode), ("dra", dra_mode)):
+        assert [placed[f"pod-{k}"][2] for k in range(len(SIZES))] == SIZES, (mode, placed)
+        used = Counter()
+        for node, index, gib in placed.values():
+            used[(node, index)] += gib
+        over = {gpu: (u, memory[gpu]) for gpu, u in used.items() if u > memory[gpu]}
+        assert not over, f"{mode}: GPUs over their memory: {over}"
