@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -183,31 +184,32 @@ def arrival_order(workload: Workload, seed: int, tune: float) -> list[int]:
     return order
 
 
-def wait_scheduled(admin: ApiServerClient, name: str, timeout: float = 60.0) -> str | None:
-    """The node the pod was bound to, or None once kube-scheduler marked it unschedulable."""
+def wait_scheduled(admin: ApiServerClient, name: str, timeout: float = 60.0) -> tuple[str | None, str]:
+    """(the node the pod was bound to, "") or (None, kube-scheduler's reason) once it is unschedulable."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pod = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
-            return str(node)
+            return str(node), ""
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-                return None
+                return None, str(c.get("message") or "")
         time.sleep(0.02)
     raise TimeoutError(f"pod {name} neither bound nor unschedulable in {timeout} s")
 
 
-def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], tune: float) -> dict[str, Any]:
+def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], prefix: str) -> dict[str, Any]:
     """Each arrival as a claim + pod through kube-scheduler, one at a time; a pod that fits nowhere is
     deleted with its claim (the protocol's failed pod). Unallocated % read as share-sim reads it."""
     capacity = workload.gpu_capacity
     requested = placed = failed = 0
+    reasons: Counter[str] = Counter()
     marks = {90: None, 95: None, 100: None, 130: None}
     started = time.monotonic()
     for i, k in enumerate(order):
         pod: SimPod = workload.pods[k]
-        name = f"a{i:05d}"
+        name = f"{prefix}-{i:05d}"
         claim = None
         if pod.count:
             claim = name
@@ -216,8 +218,10 @@ def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], tun
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
                       body=claim_pod(NAMESPACE, name, claim, pod.cpu, pod.memory))  # fmt: skip
         requested += pod.gpu_request
-        if wait_scheduled(admin, name) is None:
+        node, why = wait_scheduled(admin, name)
+        if node is None:
             failed += 1
+            reasons[f"{'gpu' if pod.count else 'cpu-only'} x{pod.count}: {why}"] += 1
             admin.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}", query={"gracePeriodSeconds": "0"})
             if claim:
                 admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims/{name}")
@@ -231,8 +235,16 @@ def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], tun
         for mark in marks:
             if marks[mark] is None and requested * 100 >= mark * capacity:
                 marks[mark] = 100.0 - 100.0 * placed / capacity
-    return {"unallocated_pct": marks, "arrivals": len(order), "failed": failed,
+    return {"unallocated_pct": marks, "arrivals": len(order), "failed": failed, "reasons": reasons,
             "seconds": time.monotonic() - started}  # fmt: skip
+
+
+def wait_gone(admin: ApiServerClient, path: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while admin.request("GET", path, query={"limit": "1"}).get("items"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path}: objects left after {timeout} s")
+        time.sleep(0.5)
 
 
 def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient) -> None:
@@ -241,6 +253,9 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
     rows: dict[str, list[float]] = {"dra (kube-scheduler)": [], **{p: [] for p in policies}}
     admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
     cp.start_scheduler(scheduler_config(args.qps))
+    # Allocated claims carry a finalizer the resourceclaim controller removes once their pod is gone;
+    # without it a deleted claim would hold its device's memory into the next sample.
+    cp.start_controller_manager(controllers=("resourceclaim-controller",))
     try:
         for seed in range(args.seed, args.seed + args.seeds):
             nodes = sample_nodes(full.nodes, args.nodes, seed)
@@ -255,7 +270,7 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
                                                "conditions": [ready_condition()]}})  # fmt: skip
             publish_slices(admin, [(n.name, [(n.model, g) for g in n.gpus]) for n in nodes])
             order = arrival_order(workload, seed, args.tune)
-            dra = replay_dra(admin, workload, order, args.tune)
+            dra = replay_dra(admin, workload, order, f"s{seed}")
             rows["dra (kube-scheduler)"].append(dra["unallocated_pct"][100])
             line = [f"seed {seed}: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, "
                     f"{dra['arrivals']} arrivals ({dra['failed']} failed) in {dra['seconds']:.0f} s; "
@@ -265,13 +280,17 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
                 rows[p].append(res.unallocated_pct["100"])
                 line.append(f"{p} {res.unallocated_pct['100']:.2f}")
             print(", ".join(line), flush=True)
+            for why, n in dra["reasons"].most_common(4):
+                print(f"#   dra failed {n}: {why}", flush=True)
             delete_all_pods(admin)
             admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+            wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
             admin.request("DELETE", f"{RESOURCE_API}/resourceslices")
             for name in names:
                 admin.request("DELETE", f"/api/v1/nodes/{name}")
     finally:
         cp.stop_scheduler()
+        cp.stop_controller_manager()
     print(f"\n# openb samples of ~{args.nodes} nodes, seeds {args.seed}..{args.seed + args.seeds - 1}; "
           f"unallocated GPU % at arrived 100% (lower is better; {MILLI} units per GPU)")  # fmt: skip
     print("| placement | mean | seeds |\n|---|---|---|")
