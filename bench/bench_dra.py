@@ -68,9 +68,16 @@ from tests.controlplane.draworkload import (  # noqa: E402
 OPENB = ROOT.parent / "shared" / "data" / "openb"
 
 
-def scheduler_config(qps: int) -> str:
-    """kube-scheduler's defaults (its DRA plugin included), with the client QPS of the extender runs."""
-    return yaml.safe_dump({"clientConnection": {"qps": qps, "burst": qps}})
+def scheduler_config(qps: int, scoring: str = "LeastAllocated") -> str:
+    """kube-scheduler's defaults (its DRA plugin included), with the client QPS of the extender runs;
+    `scoring`: NodeResourcesFit's strategy (LeastAllocated, the default, spreads; MostAllocated packs)."""
+    config: dict[str, Any] = {"clientConnection": {"qps": qps, "burst": qps}}
+    if scoring != "LeastAllocated":
+        fit = {"scoringStrategy": {"type": scoring, "resources": [{"name": "cpu", "weight": 1},
+                                                                 {"name": "memory", "weight": 1}]}}  # fmt: skip
+        config["profiles"] = [{"schedulerName": "default-scheduler",
+                               "pluginConfig": [{"name": "NodeResourcesFit", "args": fit}]}]  # fmt: skip
+    return yaml.safe_dump(config)
 
 
 def publish_slices(admin: ApiServerClient, nodes: list[tuple[str, list[tuple[str, int]]]]) -> None:
@@ -145,9 +152,10 @@ def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClien
     for _ in range(args.runs):
         results.append(run_scenario(Scenario("extender binpack", args.qps, "binpack"), cp, admin, args.pods,
                                     workdir, args.seed))  # fmt: skip
-        print(fmt_row(results[-1], {}), flush=True)
+        base = {args.qps: results[-1]["pods_per_s"]}  # x = pods/s over the extender's, in this run
+        print(fmt_row(results[-1], base), flush=True)
         results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps))
-        print(fmt_row(results[-1], {}), flush=True)
+        print(fmt_row(results[-1], base), flush=True)
     ext = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("extender"))
     dra = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("dra"))
     print(f"\n# {args.nodes} nodes, {args.pods} pods, QPS {args.qps}: median pods/s extender {ext:.1f}, "
@@ -250,9 +258,10 @@ def wait_gone(admin: ApiServerClient, path: str, timeout: float = 120.0) -> None
 def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient) -> None:
     full = load_openb(str(OPENB / "openb_node_list_gpu_node.csv"), str(OPENB / "openb_pod_list_default.csv"))
     policies = [p for p in args.policies.split(",") if p]
-    rows: dict[str, list[float]] = {"dra (kube-scheduler)": [], **{p: [] for p in policies}}
+    dra_label = f"dra (kube-scheduler, {args.scoring})"
+    rows: dict[str, list[float]] = {dra_label: [], **{p: [] for p in policies}}
     admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
-    cp.start_scheduler(scheduler_config(args.qps))
+    cp.start_scheduler(scheduler_config(args.qps, args.scoring))
     # Allocated claims carry a finalizer the resourceclaim controller removes once their pod is gone;
     # without it a deleted claim would hold its device's memory into the next sample.
     cp.start_controller_manager(controllers=("resourceclaim-controller",))
@@ -271,7 +280,7 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
             publish_slices(admin, [(n.name, [(n.model, g) for g in n.gpus]) for n in nodes])
             order = arrival_order(workload, seed, args.tune)
             dra = replay_dra(admin, workload, order, f"s{seed}")
-            rows["dra (kube-scheduler)"].append(dra["unallocated_pct"][100])
+            rows[dra_label].append(dra["unallocated_pct"][100])
             line = [f"seed {seed}: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, "
                     f"{dra['arrivals']} arrivals ({dra['failed']} failed) in {dra['seconds']:.0f} s; "
                     f"unallocated at 100%: dra {dra['unallocated_pct'][100]:.2f}"]  # fmt: skip
@@ -310,6 +319,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=3, help="frag: samples replayed")
     ap.add_argument("--tune", type=float, default=1.0, help="frag: stop once this x capacity was asked")
+    ap.add_argument("--scoring", default="LeastAllocated", choices=["LeastAllocated", "MostAllocated"],
+                    help="frag: kube-scheduler's NodeResourcesFit scoring strategy for the DRA replay")  # fmt: skip
     ap.add_argument("--policies", default="binpack,frag,bestfit", help="frag: share-sim policies to compare")
     args = ap.parse_args()
     if args.nodes is None:
