@@ -8,7 +8,9 @@ claims only allocated). Two measurements:
       N nodes of G GPUs, each both annotated for the extender and published as a share-dra ResourceSlice;
       M pods of random sizes, once as `nvidia.com/gpu-mem` pods through kube-scheduler + our extender
       (binpack), once as pods with a ResourceClaim of the same size through kube-scheduler alone.
-      Prints pods/s, scheduling latency and CPU per pod of each process, as bench_throughput.py.
+      Prints pods/s, scheduling latency and CPU per pod of each process, as bench_throughput.py, and
+      fails if any GPU was promised more than its memory. `--claims template`: pods name a
+      ResourceClaimTemplate and kube-controller-manager's resourceclaim controller makes the claims.
 
   python bench/bench_dra.py frag [--nodes 40 --seeds 3]
       Replays an openb sample (nodes drawn per model from ../shared/data/openb, pods in share-sim's
@@ -51,6 +53,7 @@ from bench_throughput import (  # noqa: E402
 )
 
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
+from share_dra.claims import quantity_bytes  # noqa: E402
 from share_scheduler.sim.engine import build_policy, simulate  # noqa: E402
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload, load_openb  # noqa: E402
 from tests.controlplane.barenodes import create_bare_nodes, ready_condition  # noqa: E402
@@ -91,8 +94,29 @@ def publish_slices(admin: ApiServerClient, nodes: list[tuple[str, list[tuple[str
 # --------------------------------------------------------------------------- throughput
 
 
-def run_dra_scenario(cp: ControlPlane, admin: ApiServerClient, pods: int, seed: int, qps: int) -> dict[str, Any]:
-    """M claims + M pods created at once; kube-scheduler alone allocates and binds them."""
+def claim_templates(admin: ApiServerClient, sizes: set[int]) -> None:
+    """One ResourceClaimTemplate per size (`gpu-<n>gi`), as a user of samples/dra would write them."""
+    for gib in sorted(sizes):
+        spec = memory_claim(NAMESPACE, f"gpu-{gib}gi", gib)["spec"]
+        body = {"metadata": {"name": f"gpu-{gib}gi"}, "spec": {"spec": spec}}
+        admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaimtemplates", body=body)
+
+
+def fullest_gpu(admin: ApiServerClient, gib: int) -> float:
+    """The largest share of one GPU's memory the allocated claims consume (never above 1)."""
+    used: Counter[tuple[str, str]] = Counter()
+    for claim in admin.request("GET", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims").get("items") or []:
+        for pool, device, consumed in allocated_devices(claim):
+            used[(pool, device)] += quantity_bytes(consumed)
+    return max(used.values(), default=0) / (gib << 30)
+
+
+def run_dra_scenario(
+    cp: ControlPlane, admin: ApiServerClient, pods: int, seed: int, qps: int, gib: int, claims: str
+) -> dict[str, Any]:
+    """M pods (and, with `claims` direct, their M claims) created at once; kube-scheduler alone allocates
+    and binds them. `claims` template: kube-controller-manager's resourceclaim controller makes each claim
+    from the pod's ResourceClaimTemplate, as in production (bounded by its own client QPS)."""
     sched = cp.start_scheduler(scheduler_config(qps))
     time.sleep(2.0)
     procs: dict[str, Callable[[], float]] = {
@@ -112,9 +136,13 @@ def run_dra_scenario(cp: ControlPlane, admin: ApiServerClient, pods: int, seed: 
     def create(i: int) -> None:
         name = f"d{i:06d}"
         t = time.monotonic()
-        admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
-                      body=memory_claim(NAMESPACE, name, sizes[i]))  # fmt: skip
-        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=claim_pod(NAMESPACE, name, name))
+        pod = claim_pod(NAMESPACE, name, name)
+        if claims == "direct":
+            admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
+                          body=memory_claim(NAMESPACE, name, sizes[i]))  # fmt: skip
+        else:
+            pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"gpu-{sizes[i]}gi"}]
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod)
         created[name] = t
 
     with ThreadPoolExecutor(16) as pool:
@@ -124,12 +152,17 @@ def run_dra_scenario(cp: ControlPlane, admin: ApiServerClient, pods: int, seed: 
     end = max(watch.bound.values())
     after = {k: f() for k, f in procs.items()}
     per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in apiserver_requests(admin).items()}
+    fullest = fullest_gpu(admin, gib)
+    if fullest > 1:
+        raise AssertionError(f"dra: a GPU was promised {fullest:.3f} of its memory")
     cp.stop_scheduler()
     delete_all_pods(admin)
     admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    print(f"# dra: fullest GPU {fullest:.3f} of its memory", file=sys.stderr)
     latencies = sorted(watch.bound[n] - created[n] for n in created)
     return {
-        "label": "dra (kube-scheduler)",
+        "label": f"dra (kube-scheduler, {claims})",
         "qps": qps,
         "pods_per_s": pods / (end - start),
         "p50_ms": statistics.median(latencies) * 1000,
@@ -148,13 +181,16 @@ def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClien
     publish_slices(admin, [(n, [("NVIDIA A100-SXM4-80GB", args.gpu_mem)] * args.gpus) for n in names])
     print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB (annotated and sliced) in "
           f"{time.monotonic() - t:.0f} s; {os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
+    claim_templates(admin, set(SIZES))
+    # Allocated claims carry a finalizer the resourceclaim controller removes once their pod is gone.
+    cp.start_controller_manager(controllers=("resourceclaim-controller",))
     results = []
     for _ in range(args.runs):
         results.append(run_scenario(Scenario("extender binpack", args.qps, "binpack"), cp, admin, args.pods,
                                     workdir, args.seed))  # fmt: skip
         base = {args.qps: results[-1]["pods_per_s"]}  # x = pods/s over the extender's, in this run
         print(fmt_row(results[-1], base), flush=True)
-        results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps))
+        results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims))
         print(fmt_row(results[-1], base), flush=True)
     ext = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("extender"))
     dra = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("dra"))
@@ -319,6 +355,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=3, help="frag: samples replayed")
     ap.add_argument("--tune", type=float, default=1.0, help="frag: stop once this x capacity was asked")
+    ap.add_argument("--claims", choices=["direct", "template"], default="direct",
+                    help="throughput: the bench creates each pod's claim (kube-scheduler's own figure), or "
+                    "kube-controller-manager makes it from a ResourceClaimTemplate")  # fmt: skip
     ap.add_argument("--scoring", default="LeastAllocated", choices=["LeastAllocated", "MostAllocated"],
                     help="frag: kube-scheduler's NodeResourcesFit scoring strategy for the DRA replay")  # fmt: skip
     ap.add_argument("--policies", default="binpack,frag,bestfit", help="frag: share-sim policies to compare")
