@@ -158,7 +158,7 @@ def test_dra_daemonset_mounts_sockets_and_cdi(dra_docs: list[Obj]) -> None:
 
 
 def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
-    ds = [d for d in h.objects(both_all_docs, "DaemonSet") if d["metadata"]["name"].endswith("-dra-plugin")][0]
+    ds = by_component(both_all_docs, "DaemonSet", "dra-plugin")
     spec = spec_of(ds)
     c = h.container(ds, "dra-plugin")
     assert c["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test" and c["imagePullPolicy"] == "Always"
@@ -176,7 +176,7 @@ def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
 
 
 def test_dra_sim_backend_needs_gpus(helm: Any) -> None:
-    with pytest.raises(HelmError, match="dra.simGpus"):
+    with pytest.raises(HelmError, match=r"dra\.simGpus"):
         render("dra", **{"dra.backend": "sim"})
 
 
