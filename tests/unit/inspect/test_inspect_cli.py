@@ -206,7 +206,7 @@ def test_real_adapter_end_to_end(api_server) -> None:
         "fieldSelector=status.phase%21%3DFailed%2Cstatus.phase%21%3DSucceeded" in r for r in handler.requests[2:6]
     )
     assert "fieldSelector=spec.driver%3Dgpushare.io" in handler.requests[6]
-    assert err.getvalue() == ""
+    assert "resource" not in err.getvalue(), "a cluster without DRA is no problem"
 
 
 def test_real_adapter_forbidden(api_server) -> None:
