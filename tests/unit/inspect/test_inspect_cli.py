@@ -135,6 +135,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
     requests: list[str] = []
     # DRA lists by path; empty: this server has no resource.k8s.io/v1 (Kubernetes < 1.34), so 404
     dra: dict[str, list[dict]] = {}
+    forbidden: set[str] = set()  # paths answered 403
 
     def log_message(self, *args: object) -> None:
         pass
@@ -151,6 +152,9 @@ class FakeApiServer(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         type(self).requests.append(self.path)
+        if url.path in self.forbidden:
+            self._send(403, {"kind": "Status", "reason": "Forbidden", "message": f"{url.path} is forbidden"})
+            return
         if url.path == "/api/v1/pods" and self.pods_status == 403:
             self._send(403, {"kind": "Status", "reason": "Forbidden", "message": 'pods is forbidden: User "bob"'})
             return
@@ -168,7 +172,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def api_server(tmp_path: Path) -> Iterator[tuple[Path, type[FakeApiServer]]]:
-    handler = type("Handler", (FakeApiServer,), {"requests": [], "pods_status": 200, "dra": {}})
+    handler = type("Handler", (FakeApiServer,), {"requests": [], "pods_status": 200, "dra": {}, "forbidden": set()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
