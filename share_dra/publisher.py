@@ -36,6 +36,7 @@ class SlicePublisher:
         self.driver_version = driver_version
         self._lock = threading.Lock()
         self.kick = threading.Event()
+        self._warned = False
 
     def sync(self) -> bool:
         """Make the API server's slice match the GPUs now; True when it had to write. Raises KubeError."""
@@ -64,7 +65,7 @@ class SlicePublisher:
                     pass
         if current is None:
             obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version)
-            self.api.create_slice(obj)
+            self._check_served(self.api.create_slice(obj))
             self._report("published", obj, gpus)
             return True
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
@@ -73,9 +74,22 @@ class SlicePublisher:
             return False
         wanted["spec"]["pool"]["generation"] = generation + 1
         wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        self.api.replace_slice(wanted)
+        self._check_served(self.api.replace_slice(wanted))
         self._report("updated", wanted, gpus)
         return True
+
+    def _check_served(self, served: dict) -> None:
+        """Say so, once, when the API server dropped the sharing fields: its DRAConsumableCapacity gate is off."""
+        problem = slices.sharing_dropped(served.get("spec") or {})
+        if problem and not self._warned:
+            self._warned = True
+            log.error(
+                "the API server dropped %s from ResourceSlice %s: every GPU would go whole to one claim. Enable the "
+                "DRAConsumableCapacity feature gate on kube-apiserver and kube-scheduler (off by default before "
+                "Kubernetes 1.36)",
+                problem,
+                slices.slice_name(self.node),
+            )
 
     def _report(self, what: str, obj: dict, gpus: Sequence[Gpu]) -> None:
         listed = {d["name"] for d in obj["spec"]["devices"]}

@@ -128,3 +128,15 @@ def same_devices(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
         )
 
     return ours(current) == ours(wanted)
+
+
+def sharing_dropped(served: Mapping[str, Any]) -> str:
+    """What of the sharing fields a served slice spec lacks ("" when intact): an API server with the
+    DRAConsumableCapacity gate off drops `allowMultipleAllocations` and the capacity's `requestPolicy`."""
+    missing = set()
+    for d in served.get("devices") or []:
+        if not d.get("allowMultipleAllocations"):
+            missing.add("allowMultipleAllocations")
+        if any("requestPolicy" not in c for c in (d.get("capacity") or {}).values()):
+            missing.add("capacity.requestPolicy")
+    return ", ".join(sorted(missing))

@@ -87,3 +87,17 @@ def test_run_syncs_on_a_kick_and_stops() -> None:
     pub.kick.set()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_an_api_server_without_consumable_capacity_is_named(caplog) -> None:  # type: ignore[no-untyped-def]
+    class GateOff(FakeDraApi):
+        def create_slice(self, obj):  # type: ignore[no-untyped-def]
+            stored = super().create_slice(obj)
+            for d in stored["spec"]["devices"]:
+                d.pop("allowMultipleAllocations")
+                d["capacity"]["memory"].pop("requestPolicy")
+            return stored
+
+    SlicePublisher(GateOff(), "n1", Gpus()).sync()
+    (msg,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "allowMultipleAllocations, capacity.requestPolicy" in msg and "DRAConsumableCapacity" in msg

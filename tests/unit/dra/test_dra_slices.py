@@ -88,3 +88,10 @@ def test_names_are_stable_and_dns_safe() -> None:
 
 def test_quantity() -> None:
     assert [slices.quantity(m) for m in (1024, 81920, 1, 1536)] == ["1Gi", "80Gi", "1Mi", "1536Mi"]
+
+
+def test_sharing_dropped_names_what_the_api_server_removed() -> None:
+    spec = slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 1)
+    assert slices.sharing_dropped(spec) == ""
+    del spec["devices"][0]["allowMultipleAllocations"]
+    assert slices.sharing_dropped(spec) == "allowMultipleAllocations"
