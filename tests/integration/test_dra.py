@@ -66,7 +66,7 @@ PLUGIN_RULES = [
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],
-        "verbs": ["get", "list", "watch", "create", "update", "delete"],
+        "verbs": ["list", "create", "update", "delete"],
     },
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
 ]
