@@ -101,3 +101,16 @@ def test_an_api_server_without_consumable_capacity_is_named(caplog) -> None:  # 
     SlicePublisher(GateOff(), "n1", Gpus()).sync()
     (msg,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "allowMultipleAllocations, capacity.requestPolicy" in msg and "DRAConsumableCapacity" in msg
+
+
+def test_taint_mode_taints_and_untaints() -> None:
+    api, gpus = FakeDraApi(), Gpus()
+    pub = SlicePublisher(api, "n1", gpus, unhealthy="taint")
+    pub.sync()
+    gpus.set_healthy(0, False)
+    assert pub.sync() is True
+    d0, d1 = api.slices["n1-gpushare.io"]["spec"]["devices"]
+    assert d0["taints"][0]["key"] == "gpushare.io/unhealthy" and "taints" not in d1
+    gpus.set_healthy(0, True)
+    pub.sync()
+    assert all("taints" not in d for d in api.slices["n1-gpushare.io"]["spec"]["devices"])
