@@ -14,15 +14,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from share_core.contract import MemoryUnit
+from share_core.contract import (
+    DRA_ATTR_INDEX,
+    DRA_ATTR_MODEL,
+    DRA_ATTR_UUID,
+    DRA_CAPACITY_MEMORY,
+    MemoryUnit,
+)
+from share_core.contract import DRA_DRIVER_NAME as DRA_DRIVER
 from share_core.request import InvalidRequest, parse_quantity
 
 Obj = Mapping[str, Any]
-
-# The agreed DRA names (share_core/contract.py of branch issue-14 is their one definition; these mirror
-# them until it is merged).
-DRA_DRIVER = "gpushare.io"
-DRA_CAPACITY_MEMORY = "memory"
 
 MIB = 1024 * 1024
 
@@ -108,16 +110,14 @@ def slice_gpus(slices: Iterable[Obj], state: DraState) -> None:
             attrs = d.get("attributes") or {}
             try:
                 memory = quantity_mib(_capacity(d.get("capacity") or {}, DRA_CAPACITY_MEMORY), f"device {name} memory")
-                index = _attr(attrs, "index")
+                index = _attr(attrs, DRA_ATTR_INDEX)
                 if not isinstance(index, int) or isinstance(index, bool):
                     raise InvalidRequest(f"device {name}: attribute index is {index!r}, not an int")
             except InvalidRequest as exc:
                 state.problem(node, f"ResourceSlice {(s.get('metadata') or {}).get('name')}: {exc}")
                 continue
-            gpus.append(
-                DraGpu(node, name, index, str(_attr(attrs, "uuid") or ""), str(_attr(attrs, "model") or ""),
-                       memory, _healthy(d))
-            )  # fmt: skip
+            uuid, model = str(_attr(attrs, DRA_ATTR_UUID) or ""), str(_attr(attrs, DRA_ATTR_MODEL) or "")
+            gpus.append(DraGpu(node, name, index, uuid, model, memory, _healthy(d)))
     for gpus in state.gpus.values():
         gpus.sort(key=lambda g: g.index)
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from share_core.contract import DRA_DRIVER_NAME as DRIVER
 from share_core.kube import ApiServerClient, KubeError
 from share_inspect.cli import main as inspect_main
 from tests.controlplane import ControlPlane
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.integration
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "dra"
 NAMESPACE = "gpushare-dra-test"
 RELEASE = "dracheck"
-DRIVER = "gpushare.io"  # the agreed driver name (share_core/contract.py on branch issue-14)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 

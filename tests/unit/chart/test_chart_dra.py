@@ -9,14 +9,18 @@ from typing import Any
 
 import pytest
 
+from share_core.contract import (
+    DEFAULT_DRA_PLUGIN_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+    DRA_DEVICE_CLASS,
+    DRA_DRIVER_NAME,
+    DRA_REGISTRATION_SOCKET_NAME,
+    DRA_SOCKET_NAME,
+)
 from tests.unit.chart import helm as h
 from tests.unit.chart.helm import ALL_OPTIONS, HelmError, Obj
 from tests.unit.chart.test_chart_render import _flatten
 
-# The agreed DRA names (share_core/contract.py on branch issue-14 defines them once; these mirror them
-# until that branch is merged).
-DRA_DRIVER = "gpushare.io"
-DEVICE_CLASS = "gpushare.io"
 MODE_LABEL = "gpushare.io/mode"
 
 KUBE = "v1.36.3"
@@ -92,8 +96,8 @@ def test_both_mode_has_every_part(both_docs: list[Obj]) -> None:
 def test_device_class_selects_the_driver(dra_docs: list[Obj]) -> None:
     dc = h.one(dra_docs, "DeviceClass")
     assert dc["apiVersion"] == "resource.k8s.io/v1"
-    assert dc["metadata"]["name"] == DEVICE_CLASS and "namespace" not in dc["metadata"]
-    assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]
+    assert dc["metadata"]["name"] == DRA_DEVICE_CLASS and "namespace" not in dc["metadata"]
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{DRA_DRIVER_NAME}"'}}]
 
 
 def test_device_class_can_be_left_to_another_release(helm: Any) -> None:
@@ -142,19 +146,32 @@ def test_dra_daemonset_mounts_sockets_and_cdi(dra_docs: list[Obj]) -> None:
     assert c["command"] == ["share-dra"] and c["image"] == "ghcr.io/gpushare/gpushare:0.1.0"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     host = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
-    assert mounts["plugins-registry"] == host["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
+    assert mounts["plugins-registry"] == host["plugins-registry"] == DEFAULT_PLUGINS_REGISTRY_DIR
     assert mounts["plugins"] == host["plugins"] == "/var/lib/kubelet/plugins"
     assert mounts["cdi"] == host["cdi"] == "/var/run/cdi"
-    assert "--plugins-dir=/var/lib/kubelet/plugins" in c["args"] and "--cdi-dir=/var/run/cdi" in c["args"]
-    assert "--backend=nvml" in c["args"] and not any(a.startswith("--sim-gpus") for a in c["args"])
+    assert mounts["nvidia-cdi-0"] == host["nvidia-cdi-0"] == "/etc/cdi", "NVIDIA's spec, read only"
+    assert "nvidia-cdi-1" not in mounts, "/var/run/cdi is mounted already (read-write)"
+    args = share_dra_args(c["args"])
+    assert args.plugin_dir == DEFAULT_DRA_PLUGIN_DIR and args.plugins_registry_dir == DEFAULT_PLUGINS_REGISTRY_DIR
+    assert args.cdi_dir == "/var/run/cdi" and args.cdi_spec_dirs == "/etc/cdi,/var/run/cdi"
+    assert (args.backend, args.memory_unit, args.device_id_strategy) == ("nvml", "GiB", "uuid")
+    assert args.health_check is True and args.unhealthy == "withdraw" and args.log_level == "INFO"
+    assert not any(a.startswith("--sim-gpus") for a in c["args"])
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     probe = c["livenessProbe"]["exec"]["command"]
-    assert "/var/lib/kubelet/plugins/gpushare.io/dra.sock" in probe
-    assert "/var/lib/kubelet/plugins_registry/gpushare.io-reg.sock" in probe
+    assert f"{DEFAULT_DRA_PLUGIN_DIR}/{DRA_SOCKET_NAME}" in probe
+    assert f"{DEFAULT_PLUGINS_REGISTRY_DIR}/{DRA_REGISTRATION_SOCKET_NAME}" in probe
     sc = c["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["privileged"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+
+
+def share_dra_args(argv: list[str]) -> Any:
+    """The chart's args as share-dra itself parses them: a flag it does not know fails here."""
+    from share_dra.cli import build_parser
+
+    return build_parser().parse_args(argv)
 
 
 def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
@@ -162,10 +179,22 @@ def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
     spec = spec_of(ds)
     c = h.container(ds, "dra-plugin")
     assert c["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test" and c["imagePullPolicy"] == "Always"
-    assert "--backend=sim" in c["args"] and "--sim-gpus=2xA100:80GiB" in c["args"]
-    assert "--plugins-registry-dir=/var/lib/k0s/kubelet/plugins_registry" in c["args"]
-    assert "--cdi-dir=/etc/cdi" in c["args"] and "--log-level=DEBUG" in c["args"]
     assert c["args"][-1] == "--some-flag=1"
+    args = share_dra_args(c["args"][:-1])
+    assert (args.backend, args.sim_gpus) == ("sim", "2xA100:80GiB")
+    assert args.plugins_registry_dir == "/var/lib/k0s/kubelet/plugins_registry"
+    assert args.plugin_dir == "/var/lib/k0s/kubelet/plugins/gpushare.io"
+    assert args.cdi_dir == "/etc/cdi" and args.cdi_spec_dirs == "/etc/cdi,/opt/nvidia/cdi"
+    assert (args.memory_unit, args.device_id_strategy, args.health_check, args.unhealthy) == (
+        "MiB",
+        "index",
+        False,
+        "taint",
+    )
+    assert args.log_level == "DEBUG"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert "nvidia-cdi-0" not in mounts, "/etc/cdi is the CDI dir here: mounted once, read-write"
+    assert mounts["nvidia-cdi-1"]["mountPath"] == "/opt/nvidia/cdi" and mounts["nvidia-cdi-1"]["readOnly"] is True
     assert spec["runtimeClassName"] == "nvidia" and spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert c["resources"]["limits"]["memory"] == "128Mi"
@@ -173,6 +202,12 @@ def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
     assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/dra": "yes"}
     assert ds["spec"]["template"]["metadata"]["labels"]["tier"] == "gpu-dra"
     assert ds["metadata"]["labels"]["team"] == "ml-platform"
+
+
+def test_unhealthy_taint_needs_1_36(helm: Any) -> None:
+    with pytest.raises(HelmError, match=r"dra\.unhealthy=taint needs device taints"):
+        render("dra", "v1.35.4", **{"dra.consumableCapacityGate": True, "dra.unhealthy": "taint"})
+    assert render("dra", "v1.36.0", **{"dra.unhealthy": "taint"})
 
 
 def test_dra_sim_backend_needs_gpus(helm: Any) -> None:
@@ -188,6 +223,8 @@ def test_dra_sim_backend_needs_gpus(helm: Any) -> None:
         ({"dra.cdiDir": "var/run/cdi"}, "cdiDir"),
         ({"dra.consumableCapacityGate": "yes"}, "consumableCapacityGate"),
         ({"dra.bogus": 1}, "bogus"),
+        ({"dra.unhealthy": "evict"}, "unhealthy"),
+        ({"dra.nvidiaCdiSpecDirs": ["etc/cdi"]}, "nvidiaCdiSpecDirs"),
     ],
 )
 def test_schema_rejects_bad_dra_values(helm: Any, values: dict[str, Any], message: str) -> None:
@@ -259,9 +296,9 @@ def test_device_plugin_affinity_unchanged_outside_both_mode(helm: Any) -> None:
 
 def test_dra_rbac_is_exactly_what_the_plugin_calls(dra_docs: list[Obj]) -> None:
     rules = _flatten(h.cluster_role_rules(dra_docs, "dra-plugin"))
-    slices = {("resource.k8s.io", "resourceslices", v, ()) for v in ("get", "list", "watch", "create")}
-    slices |= {("resource.k8s.io", "resourceslices", v, ()) for v in ("update", "patch", "delete")}
-    assert rules == slices | {("resource.k8s.io", "resourceclaims", "get", ()), ("", "nodes", "get", ())}
+    # exactly share_dra/kubeapi.py's calls (tests/integration/test_dra.py runs the plugin with these rules)
+    slices = {("resource.k8s.io", "resourceslices", v, ()) for v in ("list", "create", "update", "delete")}
+    assert rules == slices | {("resource.k8s.io", "resourceclaims", "get", ())}
     binding = h.component(h.objects(dra_docs, "ClusterRoleBinding"), "ClusterRoleBinding", "dra-plugin")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpushare-dra-plugin", "namespace": h.DEFAULT_NAMESPACE}

@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import SCHEDULER_NAME
+from share_core.contract import DRA_DEVICE_CLASS, SCHEDULER_NAME
 from share_core.request import parse_quantity
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples" / "dra"
-DEVICE_CLASS = "gpushare.io"  # the agreed DeviceClass (share_core/contract.py on branch issue-14)
 GIB = 1024**3
 
 # file: the memory of each request in GiB, and the containers using each (claim, request)
@@ -44,7 +43,7 @@ def test_template_asks_memory_of_the_gpushare_class(name: str) -> None:
     assert "namespace" not in template["metadata"]
     got = {}
     for r in template["spec"]["spec"]["devices"]["requests"]:
-        assert r["exactly"]["deviceClassName"] == DEVICE_CLASS
+        assert r["exactly"]["deviceClassName"] == DRA_DEVICE_CLASS
         mem = parse_quantity(r["exactly"]["capacity"]["requests"]["memory"])
         assert mem % GIB == 0, "whole GiB: the devices' validRange step is 1Gi"
         got[r["name"]] = int(mem // GIB)
