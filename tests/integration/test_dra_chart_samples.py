@@ -1,8 +1,8 @@
 """DRA mode against the real control plane: the chart's DRA objects are accepted (or refused, below 1.34,
 naming why), its ValidatingAdmissionPolicy really keeps each plugin to its own node's ResourceSlices,
 every sample in samples/dra/ is valid, and the real kube-scheduler allocates the samples' claims from
-hand-made gpushare.io ResourceSlices (shaped as share-dra publishes them), which `kubectl inspect
-gpushare` then shows.
+gpushare.io ResourceSlices built by share-dra's own code (share_dra.slices over simulated GPUs; the
+nodes have no kubelet), which `kubectl inspect gpushare` then shows.
 
 Version-dependent on purpose, and visibly so: Kubernetes 1.33 has no resource.k8s.io/v1, so there each
 test asserts that (and the chart's refusal) instead; consumable capacity, the sharing itself, is on by
@@ -23,8 +23,11 @@ import pytest
 import yaml
 
 from share_core.contract import DRA_DRIVER_NAME as DRIVER
+from share_core.contract import MemoryUnit
 from share_core.kube import ApiServerClient, KubeError
+from share_dra.slices import resource_slice
 from share_inspect.cli import main as inspect_main
+from share_plugin.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import ready_condition
 from tests.unit.chart.helm import HelmError, Obj, render_chart
@@ -247,36 +250,9 @@ def test_every_sample_is_valid_for_the_api_server(cluster: ControlPlane, version
 # ------------------------------------------------------------------------------ allocation and inspect
 
 
-def _device(index: int, model: str, memory: str, node: str) -> Obj:
-    return {
-        "name": f"gpu-{index}",
-        "attributes": {
-            "model": {"string": model},
-            "uuid": {"string": f"GPU-{node}-{index}"},
-            "index": {"int": index},
-        },
-        "capacity": {
-            "memory": {
-                "value": memory,
-                "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}},
-            }
-        },
-        "allowMultipleAllocations": True,
-    }
-
-
-def _gpu_slice(node: str, model: str, memory: str, count: int) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [_device(i, model, memory, node) for i in range(count)],
-        },
-    }
+def _gpu_slice(node: str, sim_gpus: str) -> Obj:
+    """The node's slice exactly as share-dra publishes it (share_dra.slices over the sim backend's GPUs)."""
+    return resource_slice(node, SimBackend(sim_gpus, node).gpus(), MemoryUnit.GiB, 1)
 
 
 def _bare_node(admin: ApiServerClient, name: str) -> None:
@@ -329,7 +305,7 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
         return
     admin = ApiServerClient.from_kubeconfig(str(cluster.admin_kubeconfig), component="gpushare-tests")
     ns = "dra-samples-run"
-    nodes = {"dra-a100": ("NVIDIA A100-SXM4-80GB", "80Gi", 2), "dra-t4": ("Tesla T4", "16Gi", 2)}
+    nodes = {"dra-a100": ("2xA100:80GiB", 80, 2), "dra-t4": ("2xT4:16GiB", 16, 2)}
     docs = render_chart(set_values={"mode": "dra"}, namespace=NAMESPACE, kube_version=git_version)
     device_class = next(d for d in docs if d["kind"] == "DeviceClass")
     cluster.kubectl("apply", "-f", "-", input=json.dumps(device_class))
@@ -337,9 +313,9 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
     assert cluster.controller_manager is None, "another test left kube-controller-manager running"
     scheduler = None
     try:
-        for node, (model, memory, count) in nodes.items():
+        for node, (sim, _, _) in nodes.items():
             _bare_node(admin, node)
-            cluster.kubectl("apply", "-f", "-", input=json.dumps(_gpu_slice(node, model, memory, count)))
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(_gpu_slice(node, sim)))
         samples = [d for name in SAMPLE_FILES for d in _docs(SAMPLES / name)]
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=_list(samples))
         # the ResourceClaim controller makes each pod's claim from its template; kube-scheduler allocates it
@@ -384,7 +360,7 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
                 key = (r["pool"], r["device"])
                 expected[key] = expected.get(key, 0) + int(r["consumedCapacity"]["memory"].removesuffix("Gi"))
         for name, n in shown.items():
-            assert n["total"] == nodes[name][2] * int(nodes[name][1].removesuffix("Gi"))
+            assert n["total"] == nodes[name][2] * nodes[name][1]
             for g in n["gpus"]:
                 assert g["allocated"] == expected.get((name, f"gpu-{g['index']}"), 0), (name, g)
         assert sum(n["allocated"] for n in shown.values()) == 4 + 6 + 8 + 8 + 4
@@ -400,7 +376,7 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
 
 def _dra_capacity_kept(cluster: ControlPlane) -> bool:
     """Does this API server keep a device's shared capacity (consumable capacity on)?"""
-    probe = _gpu_slice("capacity-probe", "probe", "1Gi", 1)
+    probe = _gpu_slice("capacity-probe", "1xT4:16GiB")
     out = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe))
     return "allowMultipleAllocations" in json.loads(out.stdout)["spec"]["devices"][0]
 

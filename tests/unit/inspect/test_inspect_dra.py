@@ -300,3 +300,27 @@ def test_cli_without_permission_on_claims_warns(api_server: Any) -> None:  # noq
     assert main(["--kubeconfig", str(kubeconfig)], stdout=out, stderr=err) == 0
     assert "warning: cannot list resourceclaims.resource.k8s.io: DRA allocations are not shown" in err.getvalue()
     assert "dra-a" in out.getvalue()
+
+
+# ------------------------------------------------------------------------------- share-dra's own slices
+
+
+def test_reads_the_slice_share_dra_publishes() -> None:
+    """share_dra.slices builds what the plugin publishes: inspect must read exactly that."""
+    import dataclasses
+
+    from share_core.contract import DRA_UNHEALTHY_TAINT
+    from share_dra.slices import resource_slice
+    from share_plugin.backend.sim import SimBackend
+
+    gpus = SimBackend("1xA100:80GiB,1xT4:16GiB", "n1").gpus()
+    gpus[1] = dataclasses.replace(gpus[1], healthy=False)
+    published = resource_slice("n1", gpus, MemoryUnit.GiB, 7, unhealthy=DRA_UNHEALTHY_TAINT)
+    state = dra_state([published], [claim("ml", "c", [("n1", "gpu-1", "4Gi")], ("p",))])
+    assert [(g.index, g.device, g.model, g.uuid, g.memory_mib, g.healthy) for g in state.gpus["n1"]] == [
+        (0, "gpu-0", "NVIDIA A100-SXM4-80GB", gpus[0].uuid, 81920, True),
+        (1, "gpu-1", "Tesla T4", gpus[1].uuid, 16384, False),  # tainted gpushare.io/unhealthy NoSchedule
+    ]
+    r = build_report([], [live_pod("ml", "p", "n1")], dra=state)
+    assert [(g.allocated, g.total, g.healthy) for g in r.nodes[0].gpus] == [(0, 80, True), (4, 16, False)]
+    assert "4/16!" in render_summary(r)
