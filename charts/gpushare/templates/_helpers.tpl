@@ -136,6 +136,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail (printf "mode=%s needs Kubernetes 1.34 or newer (DRA, resource.k8s.io/v1); this cluster is %s. Use mode=deviceplugin on this cluster." .Values.mode $v) }}
 {{- end }}
 {{- if and (not (semverCompare ">=1.36.0-0" $v)) (not .Values.dra.consumableCapacityGate) }}
-{{- fail (printf "mode=%s on Kubernetes %s: GPU sharing through DRA needs the DRAConsumableCapacity feature gate (off by default before 1.36). Turn it on for kube-apiserver, kube-scheduler, kube-controller-manager and kubelet, then set dra.consumableCapacityGate=true; or upgrade to 1.36+." .Values.mode $v) }}
+{{- fail (printf "mode=%s on Kubernetes %s: GPU sharing through DRA needs the DRAConsumableCapacity feature gate (off by default before 1.36). Turn it on for kube-apiserver and kube-scheduler (--feature-gates=DRAConsumableCapacity=true), then set dra.consumableCapacityGate=true; or upgrade to 1.36+." .Values.mode $v) }}
 {{- end }}
 {{- end }}
