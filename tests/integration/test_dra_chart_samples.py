@@ -1,6 +1,7 @@
 """DRA mode against the real control plane: the chart's DRA objects are accepted (or refused, below 1.34,
 naming why), its ValidatingAdmissionPolicy really keeps each plugin to its own node's ResourceSlices,
-every sample in samples/dra/ is valid, and the real kube-scheduler allocates the samples' claims from
+every sample in samples/dra/ is valid, and the real kube-scheduler allocates the samples' claims (and those
+of the device-plugin samples rewritten by gpushare-dra-convert) from
 gpushare.io ResourceSlices built by share-dra's own code (share_dra.slices over simulated GPUs; the
 nodes have no kubelet), which `kubectl inspect gpushare` then shows.
 
@@ -24,6 +25,7 @@ import yaml
 
 from share_core.contract import DRA_DRIVER_NAME as DRIVER
 from share_core.contract import MemoryUnit
+from share_core.dra_convert import convert_all
 from share_core.kube import ApiServerClient, KubeError
 from share_dra.slices import resource_slice
 from share_inspect.cli import main as inspect_main
@@ -205,6 +207,7 @@ def test_plugin_writes_only_its_own_nodes_slices(
 
 
 SAMPLE_FILES = sorted(p.name for p in SAMPLES.glob("*.yaml"))
+CONVERTED = ["pod.yaml", "multi-container.yaml", "two-gpu.yaml", "gpu-model.yaml"]  # device-plugin samples
 
 
 def test_every_sample_is_valid_for_the_api_server(cluster: ControlPlane, version: tuple[str, int]) -> None:
@@ -317,6 +320,9 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
             _bare_node(admin, node)
             cluster.kubectl("apply", "-f", "-", input=json.dumps(_gpu_slice(node, sim)))
         samples = [d for name in SAMPLE_FILES for d in _docs(SAMPLES / name)]
+        # and the device-plugin samples, rewritten by gpushare-dra-convert (the migration path)
+        converted, _ = convert_all([d for n in CONVERTED for d in _docs(SAMPLES.parent / n)], MemoryUnit.GiB)
+        samples += converted
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=_list(samples))
         # the ResourceClaim controller makes each pod's claim from its template; kube-scheduler allocates it
         cluster.start_controller_manager(controllers=("resourceclaim-controller",))
@@ -345,6 +351,25 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
         assert len({r["device"] for r in two}) == 2, "distinctAttribute: two different GPUs"
         assert all(r["consumedCapacity"]["memory"] == "8Gi" for r in two)
         assert placed["gpushare-dra-t4"] == "dra-t4", "the CEL model selector picks a T4"
+        # the converted device-plugin samples: each claim consumed what its container's limit asked
+        by_pod: dict[str, list[Obj]] = {}
+        for c in claims:
+            for ref in c["status"].get("reservedFor") or []:
+                by_pod.setdefault(ref["name"], []).append(c)
+
+        def consumed(pod: str) -> list[list[str]]:
+            return sorted(
+                [r["consumedCapacity"]["memory"] for r in c["status"]["allocation"]["devices"]["results"]]
+                for c in by_pod[pod]
+            )
+
+        assert consumed("gpushare-pod") == [["4Gi"]]
+        assert consumed("gpushare-multi-container") == [["2Gi"], ["3Gi"]], "one claim per container"
+        (two_claim,) = by_pod["gpushare-two-gpu"]
+        results = two_claim["status"]["allocation"]["devices"]["results"]
+        assert [r["consumedCapacity"]["memory"] for r in results] == ["8Gi", "8Gi"]
+        assert len({r["device"] for r in results}) == 2, "gpu-count 2: two different GPUs"
+        assert placed["gpushare-gpu-model"] == "dra-t4", "gpu-model T4 became a CEL selector"
 
         # kubectl inspect gpushare: the same figures, per GPU, from the API
         out, err = io.StringIO(), io.StringIO()
@@ -363,7 +388,7 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
             assert n["total"] == nodes[name][2] * nodes[name][1]
             for g in n["gpus"]:
                 assert g["allocated"] == expected.get((name, f"gpu-{g['index']}"), 0), (name, g)
-        assert sum(n["allocated"] for n in shown.values()) == 4 + 6 + 8 + 8 + 4
+        assert sum(n["allocated"] for n in shown.values()) == (4 + 6 + 8 + 8 + 4) + (4 + 3 + 2 + 8 + 8 + 4)
         rows = {p["name"]: p for n in shown.values() for p in n["pods"]}
         assert rows["gpushare-dra-shared"]["allocated"] == 6 and rows["gpushare-dra-shared"]["claim"]
         assert rows["gpushare-dra-4gi"]["state"] == "allocating", "bound, not running: no kubelet here"
