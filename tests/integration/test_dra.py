@@ -49,6 +49,7 @@ from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import ready_condition
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.gpucluster import wait_for
+from tests.unit.chart.helm import cluster_role_rules, render_chart
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s_min("1.34", "no resource.k8s.io/v1 before 1.34 (DRA GA)")]
 # v1.34's scheduler (consumable capacity alpha) stops at a node's first shared device once it is full and never
@@ -61,15 +62,15 @@ PLUGIN_USER = "gpushare-dra-plugin"
 NODES = {"dra-0": "1xT4:16GiB,1xV100:32GiB", "dra-1": "2xT4:16GiB", "dra-2": "1xA10:24GiB"}
 GIB = {"dra-0": [16, 32], "dra-1": [16, 16], "dra-2": [24]}
 LARGEST_GIB = 32
-# What the chart grants the plugin (share_dra/kubeapi.py): the test runs the plugin with exactly this.
-PLUGIN_RULES = [
-    {
-        "apiGroups": ["resource.k8s.io"],
-        "resources": ["resourceslices"],
-        "verbs": ["list", "create", "update", "delete"],
-    },
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-]
+
+
+def plugin_rules(version: tuple[int, int]) -> list[dict]:
+    """What the chart grants the plugin (charts/gpushare, mode dra; share_dra/kubeapi.py's calls): the test
+    runs the plugin with exactly these rules."""
+    docs = render_chart(
+        set_values={"mode": "dra", "dra.consumableCapacityGate": True}, kube_version=f"v{version[0]}.{version[1]}.0"
+    )
+    return cluster_role_rules(docs, "dra-plugin")
 
 
 @dataclass
@@ -299,7 +300,7 @@ def dra_cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         admin.request(
             "POST",
             "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            body={"metadata": {"name": "gpushare-dra"}, "rules": PLUGIN_RULES},
+            body={"metadata": {"name": "gpushare-dra"}, "rules": plugin_rules(probe.version())},
         )
         admin.request(
             "POST",
