@@ -32,7 +32,7 @@ from share_inspect.cli import main as inspect_main
 from share_plugin.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import ready_condition
-from tests.unit.chart.helm import HelmError, Obj, render_chart
+from tests.unit.chart.helm import CHART_DIR, HelmError, Obj, render_chart, run_helm
 
 pytestmark = pytest.mark.integration
 
@@ -201,6 +201,42 @@ def test_plugin_writes_only_its_own_nodes_slices(
             "delete", "resourceslice", "vap-own", kubeconfig=_as_plugin(cluster, user, "node-a"), check=False
         )
     assert gone.returncode == 0, f"the plugin may delete its own node's slice: {gone.stderr}"
+
+
+def test_helm_install_in_dra_mode(cluster: ControlPlane, version: tuple[str, int]) -> None:
+    """helm itself installs mode dra into the API server (objects created, NOTES for DRA), and uninstalls it."""
+    minor = version[1]
+    release, ns = "dra-install", "gpushare-dra-install"
+    args = ["install", release, str(CHART_DIR), "--namespace", ns, "--create-namespace", "--set", "mode=dra"]
+    args += ["--kubeconfig", str(cluster.admin_kubeconfig)]
+    if minor < 34:
+        with pytest.raises(HelmError, match=r"mode=dra needs Kubernetes 1\.34 or newer"):
+            run_helm(*args)
+        return
+    if minor < 36:
+        args += ["--set", "dra.consumableCapacityGate=true"]
+    owned = cluster.kubectl("get", "deviceclass", DRIVER, "--ignore-not-found", "-o", "name").stdout.strip() == ""
+    if not owned:  # another test's DeviceClass: a second release must not create it (values.yaml says so)
+        args += ["--set", "dra.deviceClass.create=false"]
+    try:
+        out = run_helm(*args).stdout
+        notes = out.split("NOTES:", 1)[1]
+        assert "DRA (mode dra)" in notes and "resourceslices --field-selector spec.driver=gpushare.io" in notes
+        assert "schedulerName: gpushare-scheduler" not in notes, "no extender in DRA mode"
+        ds = json.loads(
+            cluster.kubectl("get", "daemonset", "-n", ns, f"{release}-gpushare-dra-plugin", "-o", "json").stdout
+        )
+        assert ds["spec"]["template"]["spec"]["containers"][0]["command"] == ["share-dra"]
+        got = cluster.kubectl("get", "validatingadmissionpolicy", f"{release}-gpushare-dra-plugin-node-slices")
+        assert got.returncode == 0
+        if owned:
+            dc = json.loads(cluster.kubectl("get", "deviceclass", DRIVER, "-o", "json").stdout)
+            assert dc["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
+        assert not json.loads(cluster.kubectl("get", "deployments", "-n", ns, "-o", "json").stdout)["items"]
+    finally:
+        run_helm("uninstall", release, "--namespace", ns, "--kubeconfig", str(cluster.admin_kubeconfig), "--wait")
+    gone = cluster.kubectl("get", "daemonset", "-n", ns, f"{release}-gpushare-dra-plugin", check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
 # ------------------------------------------------------------------------------------------ samples
