@@ -327,3 +327,9 @@ def test_slice_writes_are_node_scoped_by_policy(dra_docs: list[Obj]) -> None:
 def test_no_rbac_no_policy(helm: Any) -> None:
     docs = render("dra", **{"rbac.create": False, "serviceAccount.create": False})
     assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass"}
+
+
+@pytest.mark.parametrize("mode", ["dra", "both"])
+def test_lint_dra_modes(helm: Any, mode: str) -> None:
+    """helm lint --strict (it renders for its own default cluster version, which has DRA on)."""
+    h.lint([ALL_OPTIONS], {"mode": mode})
