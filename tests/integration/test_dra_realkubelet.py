@@ -61,3 +61,11 @@ def test_kubelet_registers_the_dra_plugin(real_node: RealNode, dra_plugin: Manag
     )
     assert (real_node.kubelet_root / "plugins_registry" / DRA_REGISTRATION_SOCKET_NAME).is_socket()
     assert "refused driver" not in dra_plugin.log_path.read_text()
+    # kubelet wipes its node's slices when it starts; the plugin publishes its own again after registering.
+    wait_for(
+        lambda: real_node.admin.request(
+            "GET", "/apis/resource.k8s.io/v1/resourceslices", query={"fieldSelector": f"spec.nodeName={real_node.name}"}
+        ).get("items"),
+        60,
+        f"the ResourceSlice of {real_node.name}",
+    )
