@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             log.error("%s", exc)
             return 1
-        servers = PluginServers(driver, Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint))
+        servers = PluginServers(
+            driver,
+            Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint),
+            on_registered=publisher.kick_after_registration,
+        )
         try:
             servers.start()
         except (OSError, RuntimeError) as exc:

@@ -109,6 +109,14 @@ class SlicePublisher:
             + (f"; tainted NoSchedule (unhealthy): {', '.join(tainted)}" if tainted else ""),
         )
 
+    def kick_after_registration(self, delays: tuple[float, ...] = (0.0, 5.0, 15.0, 30.0)) -> None:
+        """Look again now and a few times soon: kubelet wipes its node's ResourceSlices in the background when it
+        starts (pkg/kubelet/cm/dra/plugin, NewDRAPluginManager), possibly after it registered us."""
+        for delay in delays:
+            timer = threading.Timer(delay, self.kick.set)
+            timer.daemon = True
+            timer.start()
+
     def run(self, stop: threading.Event, resync: float = 60.0, retry: float = 2.0) -> None:
         """Sync at start, whenever `kick` is set (a health change) and every `resync` seconds; retry failures."""
         wait = 0.0

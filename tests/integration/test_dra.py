@@ -350,8 +350,15 @@ def dra_ns(dra_cluster: DraCluster, request: pytest.FixtureRequest) -> Iterator[
     name = f"dra-{request.node.name.replace('_', '-')[5:40].strip('-')}"
     dra_cluster.admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
     yield name
+    # Waiting pods first, and gone, before the bound ones: deleting a bound pod frees capacity, and kube-scheduler
+    # would then place a waiting pod that is being deleted, leaving its claim allocated to a pod that is gone.
+    waiting = [p["metadata"]["name"] for p in dra_cluster.pods(name) if not p["spec"].get("nodeName")]
+    delete_pods(dra_cluster, name, waiting)
+    wait_for(
+        lambda: not set(waiting) & {p["metadata"]["name"] for p in dra_cluster.pods(name)}, 60, "waiting pods gone"
+    )
     delete_pods(dra_cluster, name, [p["metadata"]["name"] for p in dra_cluster.pods(name)])
-    wait_for(lambda: no_claims_left(dra_cluster, name), 60, f"claims of {name} freed")
+    wait_for(lambda: no_claims_left(dra_cluster, name), 120, f"claims of {name} freed")
 
 
 # ------------------------------------------------------------------------------------------------ tests

@@ -114,3 +114,11 @@ def test_taint_mode_taints_and_untaints() -> None:
     gpus.set_healthy(0, True)
     pub.sync()
     assert all("taints" not in d for d in api.slices["n1-gpushare.io"]["spec"]["devices"])
+
+
+def test_registration_kicks_a_sync_now_and_again_soon() -> None:
+    pub = SlicePublisher(FakeDraApi(), "n1", Gpus())
+    pub.kick_after_registration((0.0, 0.2))
+    assert pub.kick.wait(1)
+    pub.kick.clear()
+    assert pub.kick.wait(1)  # the later one: a wipe after our first sync is repaired
