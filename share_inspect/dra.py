@@ -67,6 +67,11 @@ class DraState:
 
 def quantity_mib(value: Any, what: str) -> int:
     """A memory quantity ("80Gi", "4096Mi", bytes) in whole MiB, rounded down (never more than there is)."""
+    if isinstance(value, str) and len(value) > 2 and value[:-2].isdigit():  # what slices and claims carry
+        if value.endswith("Gi"):
+            return int(value[:-2]) * 1024
+        if value.endswith("Mi"):
+            return int(value[:-2])
     q = parse_quantity(value, what)
     if q < 0:
         raise InvalidRequest(f"{what}: {value!r} is negative")
