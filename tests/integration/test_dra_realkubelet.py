@@ -183,7 +183,13 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_a_plugin_restart(
     spec_path = cdi_dir / dra_cdi_spec_file(uid)
     wait_for(spec_path.exists, 60, "kubelet's NodePrepareResources (the claim's CDI spec written)")
     env = dict(e.split("=", 1) for e in json.loads(spec_path.read_text())["devices"][0]["containerEdits"]["env"])
-    assert env[ENV_MEM_LIMIT_MIB] == "3072"
+    if real_node.cp.version() >= (1, 36):
+        assert env[ENV_MEM_LIMIT_MIB] == "3072"
+    else:
+        # The session's control plane runs without DRAConsumableCapacity (off before 1.36): the API server dropped
+        # the slice's sharing fields, the claim got the GPU whole, and the plugin said what to enable.
+        assert env[ENV_MEM_LIMIT_MIB] == "16384"
+        assert "DRAConsumableCapacity" in dra_plugin.text()
     # kubelet starts the containers only once NodePrepareResources answered without error.
     wait_for(lambda: (pod().get("status") or {}).get("phase") == "Running", 90, "the DRA pod running")
     ours = sorted(line for line in real_node.pod_log(ns, "dra-pod").splitlines() if line.startswith("GPUSHARE_"))
