@@ -1,6 +1,7 @@
 """`kubectl inspect gpushare`: the thin shell around the pure report and renderers.
 
-It reads exactly two lists (nodes, pods; paginated by the adapter), builds the report, and prints.
+It reads two lists (nodes, pods; paginated by the adapter) and, where the cluster serves DRA
+(resource.k8s.io/v1), the gpushare.io ResourceSlices and the ResourceClaims; builds the report, and prints.
 `main(argv)` returns the exit code, so tests and the end-to-end tier can call it in-process.
 """
 
@@ -10,10 +11,11 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from share_core.contract import TERMINAL_PHASES, MemoryUnit
-from share_core.kube import ApiServerClient, Forbidden, KubeClient, KubeError, Unavailable
+from share_core.kube import ApiServerClient, Forbidden, KubeClient, KubeError, NotFound, Unavailable
+from share_inspect.dra import DRA_DRIVER, DraState, dra_state
 from share_inspect.render import Style, render_details, render_json, render_problems, render_summary, render_yaml
 from share_inspect.report import Report, build_report
 
@@ -28,6 +30,10 @@ EXIT_NO_NODES = 5
 LIVE_PODS = ",".join(f"status.phase!={p}" for p in sorted(TERMINAL_PHASES))
 
 BAR_WIDTH = 6
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+PAGE = 500
 
 
 class CliError(Exception):
@@ -105,22 +111,64 @@ def fetch(client: KubeClient, node_names: Sequence[str]) -> tuple[list[dict], li
     return nodes, pods
 
 
-def inspect(args: argparse.Namespace, client: KubeClient) -> Report:
+def _list_all(client: Any, path: str, query: dict[str, str]) -> list[dict]:
+    """Every item of a list, page by page (`limit`/`continue`), through the client's generic request."""
+    items: list[dict] = []
+    cont: str | None = None
+    while True:
+        page = client.request("GET", path, query={**query, "limit": PAGE, "continue": cont})
+        items.extend(page.get("items") or [])
+        cont = (page.get("metadata") or {}).get("continue")
+        if not cont:
+            return items
+
+
+def fetch_dra(client: KubeClient, warnings: list[str]) -> DraState | None:
+    """The DRA half: gpushare.io slices, then (only if there are any) the claims. None where the cluster
+    has no DRA (no resource.k8s.io/v1: Kubernetes < 1.34) or the client speaks no generic requests.
+    A user who may not list them still gets the device-plugin view, with a warning saying what is missing."""
+    if not callable(getattr(client, "request", None)):
+        return None
+    where = f" at {client.host}" if isinstance(getattr(client, "host", None), str) else ""
+    try:
+        slices = _list_all(client, SLICES_PATH, {"fieldSelector": f"spec.driver={DRA_DRIVER}"})
+    except NotFound:
+        return None
+    except Forbidden:
+        warnings.append("cannot list resourceslices.resource.k8s.io: GPUs of nodes in DRA mode are not shown")
+        return None
+    except KubeError as exc:
+        raise _api_error(exc, "list resourceslices", where) from exc
+    if not slices:
+        return None
+    try:
+        claims = _list_all(client, CLAIMS_PATH, {})
+    except Forbidden:
+        warnings.append("cannot list resourceclaims.resource.k8s.io: DRA allocations are not shown (GPUs look free)")
+        claims = []
+    except KubeError as exc:
+        raise _api_error(exc, "list resourceclaims", where) from exc
+    return dra_state(slices, claims)
+
+
+def inspect(args: argparse.Namespace, client: KubeClient, warnings: list[str] | None = None) -> Report:
     nodes, pods = fetch(client, args.nodes)
+    dra = fetch_dra(client, warnings if warnings is not None else [])
     unit = None if args.memory_unit == "auto" else MemoryUnit.parse(args.memory_unit)
-    report = build_report(nodes, pods, node_names=args.nodes, unit=unit)
+    report = build_report(nodes, pods, node_names=args.nodes, unit=unit, dra=dra)
     if args.nodes:
         missing = sorted(set(args.nodes) - {n.name for n in report.nodes})
         if missing:
             raise CliError(
-                f"error: not a GPU-share node (no gpushare.io/gpus annotation or nvidia.com/gpu-mem capacity), "
-                f"or no such node: {', '.join(missing)}",
+                f"error: not a GPU-share node (no gpushare.io/gpus annotation, nvidia.com/gpu-mem capacity or "
+                f"gpushare.io ResourceSlice), or no such node: {', '.join(missing)}",
                 EXIT_NO_NODES,
             )
     elif not report.nodes:
         raise CliError(
             "error: no GPU-share nodes in this cluster: no node has the gpushare.io/gpus annotation or "
-            "nvidia.com/gpu-mem capacity.\nLabel GPU nodes gpushare=true so the gpushare device plugin runs there.",
+            "nvidia.com/gpu-mem capacity, and no gpushare.io ResourceSlice exists.\nLabel GPU nodes gpushare=true "
+            "so the gpushare device plugin (or, in DRA mode, the share-dra plugin) runs there.",
             EXIT_NO_NODES,
         )
     return report
@@ -149,8 +197,9 @@ def main(
         args = parse_args(argv)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    warnings: list[str] = []
     try:
-        report = inspect(args, client if client is not None else _connect(args))
+        report = inspect(args, client if client is not None else _connect(args), warnings)
         text = render(report, args, style_for(out, args.no_color, os.environ if env is None else env))
     except CliError as exc:
         err.write(f"{exc}\n")
@@ -163,6 +212,8 @@ def main(
     problems = render_problems(report)
     if problems and not args.output:
         err.write(problems)
+    for w in warnings:
+        err.write(f"warning: {w}\n")
     return EXIT_OK
 
 

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 import orjson
 import yaml
 
-from share_inspect.report import GpuRow, NodeRow, Report, percent, report_to_dict
+from share_inspect.report import (
+    MODE_DRA,
+    STATE_ALLOCATING,
+    STATE_UNUSED,
+    GpuRow,
+    NodeRow,
+    Report,
+    percent,
+    report_to_dict,
+)
 
 RULE = "-" * 80
 CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"
@@ -111,7 +120,12 @@ def render_summary(report: Report, style: Style = PLAIN) -> str:
     """One row per node, one column per GPU index, PENDING only when some pod waits for a GPU."""
     indices = report.gpu_indices
     show_pending = report.pending > 0
-    header = ["NAME", "IPADDRESS", *(f"GPU{i}(Allocated/Total)" for i in indices)]
+    header = [
+        "NAME",
+        "IPADDRESS",
+        *(["MODE"] if report.has_dra else []),
+        *(f"GPU{i}(Allocated/Total)" for i in indices),
+    ]
     if show_pending:
         header.append("PENDING(Allocated)")
     header.append(f"GPU Memory({report.unit.value})")
@@ -121,6 +135,8 @@ def render_summary(report: Report, style: Style = PLAIN) -> str:
     for n in report.nodes:
         by_index = {g.index: g for g in n.gpus}
         row: list[Cell] = [(n.name, _BOLD), (n.address or "-", "")]
+        if report.has_dra:
+            row.append((n.mode, ""))
         row.extend(_gpu_cell(by_index.get(i), style) for i in indices)
         if show_pending:
             row.append((str(n.pending) if n.pending else "0", _YELLOW if n.pending else ""))
@@ -144,11 +160,14 @@ def _gpu_line(g: GpuRow, unit: str, style: Style) -> str:
 
 def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
     lines = [f"NAME:       {style.paint(n.name, _BOLD)}", f"IPADDRESS:  {n.address or '-'}"]
+    dra = n.mode == MODE_DRA
+    if dra:
+        lines.append(f"MODE:       {n.mode} (ResourceSlices of driver gpushare.io, allocated ResourceClaims)")
     lines.extend(_gpu_line(g, unit, style) for g in n.gpus)
     lines.append("")
     indices = [g.index for g in n.gpus]
     show_pending = n.pending > 0
-    header = ["NAME", "NAMESPACE", *(f"GPU{i}(Allocated)" for i in indices)]
+    header = ["NAME", "NAMESPACE", *(["CLAIM"] if dra else []), *(f"GPU{i}(Allocated)" for i in indices)]
     if show_pending:
         header.append("PENDING(Allocated)")
     measured = n.usage_time is not None
@@ -156,16 +175,18 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
         header.append(f"USED({unit})")
     rows: list[list[Cell]] = []
     for p in n.pods:
-        name = p.name if p.state != "allocating" else f"{p.name} (allocating)"
+        name = p.name if p.state not in (STATE_ALLOCATING, STATE_UNUSED) else f"{p.name} ({p.state})"
         row: list[Cell] = [(name, ""), (p.namespace, "")]
+        if dra:
+            row.append((p.claim or "-", ""))
         row.extend((str(p.gpus.get(i, 0)), "") for i in indices)
         if show_pending:
             row.append((str(p.pending), _YELLOW if p.pending else ""))
         if measured:
             row.append((_used(p.used_total_mib, unit), ""))
         rows.append(row)
-    allocated: list[Cell] = [("Allocated:", ""), ("", "")]
-    total: list[Cell] = [("Total:", ""), ("", "")]
+    allocated: list[Cell] = [("Allocated:", ""), ("", ""), *([("", "")] if dra else [])]
+    total: list[Cell] = [("Total:", ""), ("", ""), *([("", "")] if dra else [])]
     for g in n.gpus:
         allocated.append((f"{g.allocated} ({_pct(g.allocated, g.total)}%)", _level(g.allocated, g.total, g.healthy)))
         total.append((str(g.total) + ("" if g.healthy else UNHEALTHY_MARK), ""))
@@ -177,7 +198,7 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
         total.append(("", ""))
     rows.extend([allocated, total])
     if measured:
-        used: list[Cell] = [("Used:", ""), ("", "")]
+        used: list[Cell] = [("Used:", ""), ("", ""), *([("", "")] if dra else [])]
         used.extend((_used(g.used_mib, unit), "") for g in n.gpus)
         used.extend([("", "")] * (len(header) - len(used)))
         rows.append(used)

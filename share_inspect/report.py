@@ -10,6 +10,10 @@ Pod states (see README.md):
 - `pending`: bound to the node and asking for `nvidia.com/gpu-mem`, but no GPU is recorded on it (for
   example scheduled by another scheduler). kubelet still charges it against the node's capacity, so it
   counts in the node's total under PENDING, but on no GPU.
+
+Nodes in DRA mode (`mode: dra`, see share_inspect/dra.py) have one row per allocated ResourceClaim, named
+after the pods it is reserved for: `assigned` once one of them runs, `allocating` before, `unused` when
+the claim is allocated but no live pod holds it (its memory stays taken until the claim is deallocated).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from share_core.contract import ANN_ASSIGNED, ANN_NODE_GPU_USAGE, ANN_NODE_GPUS,
 from share_core.gpus import GpuInfo, node_gpus
 from share_core.gpuusage import UsageSummary, parse_gpu_usage
 from share_core.request import InvalidRequest, pod_request
+from share_inspect.dra import DraClaim, DraGpu, DraState, to_units
 
 Obj = Mapping[str, Any]
 
@@ -35,6 +40,10 @@ MIB_THRESHOLD = 1024
 STATE_ASSIGNED = "assigned"
 STATE_ALLOCATING = "allocating"
 STATE_PENDING = "pending"
+STATE_UNUSED = "unused"
+
+MODE_DEVICE_PLUGIN = "deviceplugin"
+MODE_DRA = "dra"
 
 
 @dataclass(slots=True)
@@ -47,6 +56,7 @@ class PodRow:
     gpus: dict[int, int] = field(default_factory=dict)
     pending: int = 0
     used_mib: dict[int, int] | None = None  # measured by the node's plugin, per GPU index (None: not reported)
+    claim: str | None = None  # DRA mode: the ResourceClaim this row is
 
     @property
     def used_total_mib(self) -> int | None:
@@ -81,6 +91,7 @@ class NodeRow:
     pending: int = 0
     problems: list[str] = field(default_factory=list)
     usage_time: str | None = None  # when the plugin measured the `used` figures; None: it reports none
+    mode: str = MODE_DEVICE_PLUGIN
 
     @property
     def allocated(self) -> int:
@@ -103,6 +114,7 @@ class Report:
 
     unit: MemoryUnit
     nodes: list[NodeRow]
+    other_problems: list[str] = field(default_factory=list)  # of no node shown (e.g. a slice without a node)
 
     @property
     def allocated(self) -> int:
@@ -123,7 +135,12 @@ class Report:
 
     @property
     def problems(self) -> list[str]:
-        return [f"node {n.name}: {p}" for n in self.nodes for p in n.problems]
+        return [f"node {n.name}: {p}" for n in self.nodes for p in n.problems] + self.other_problems
+
+    @property
+    def has_dra(self) -> bool:
+        """Some node is in DRA mode: the renderers add a MODE column."""
+        return any(n.mode == MODE_DRA for n in self.nodes)
 
     @property
     def measured(self) -> bool:
@@ -274,13 +291,17 @@ def build_report(
     *,
     node_names: Sequence[str] = (),
     unit: MemoryUnit | None = None,
+    dra: DraState | None = None,
 ) -> Report:
     """The report over GPU-share nodes (only `node_names` when given) and the live pods bound to them.
 
     `unit` forces the resource unit; None detects it per node (see `node_unit`). A cluster whose nodes
-    disagree is shown in MiB, the finer unit, so nothing is rounded away.
+    disagree is shown in MiB, the finer unit, so nothing is rounded away. `dra` (see share_inspect.dra)
+    adds the nodes whose GPUs are published as ResourceSlices, with their allocated claims, in the same table.
     """
     wanted = set(node_names)
+    nodes = list(nodes)
+    pods = list(pods)
     share_nodes = [
         n for n in nodes if is_share_node(n) and (not wanted or (n.get("metadata") or {}).get("name") in wanted)
     ]
@@ -291,16 +312,115 @@ def build_report(
         if name in names and holds_gpu_memory(pod):
             by_node.setdefault(name, []).append(pod)
     built = [_build_node(n, by_node.get((n.get("metadata") or {}).get("name"), []), unit) for n in share_nodes]
+    if dra is not None:
+        for row, _ in built:
+            if row.name in dra.gpus:
+                row.problems.append(
+                    "also publishes gpushare.io ResourceSlices (DRA): both plugins run here, and only the device "
+                    "plugin's GPUs are shown; run one per node (chart mode both, label gpushare.io/mode=dra)"
+                )
+        built.extend(_dra_nodes(dra, nodes, pods, names, wanted, unit))
     display = unit or (MemoryUnit.MiB if any(u is MemoryUnit.MiB for _, u in built) else MemoryUnit.GiB)
     for row, u in built:
         _scale(row, u.mib // display.mib)
-    return Report(display, sorted((row for row, _ in built), key=lambda r: r.name))
+    shown = {row.name for row, _ in built}
+    other = [] if dra is None else [
+        (f"node {n}: {p}" if n else p)
+        for n, texts in sorted(dra.problems.items())
+        if n not in shown and (not wanted or n in wanted or not n)
+        for p in texts
+    ]  # fmt: skip
+    return Report(display, sorted((row for row, _ in built), key=lambda r: r.name), other)
+
+
+def _dra_nodes(
+    dra: DraState,
+    nodes: list[Obj],
+    pods: list[Obj],
+    device_plugin_nodes: set[Any],
+    wanted: set[str],
+    unit: MemoryUnit | None,
+) -> list[tuple[NodeRow, MemoryUnit]]:
+    """A row per node with gpushare.io devices; a node that is also a device-plugin node stays one (problem)."""
+    node_objs = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    live = {
+        (str((p.get("metadata") or {}).get("namespace", "")), str((p.get("metadata") or {}).get("name", ""))): p
+        for p in pods
+    }
+    claims_by_node: dict[str, list[DraClaim]] = {}
+    for c in dra.claims:
+        claims_by_node.setdefault(c.node, []).append(c)
+    shown = unit or MemoryUnit.GiB
+    out: list[tuple[NodeRow, MemoryUnit]] = []
+    for name, gpus in dra.gpus.items():
+        if wanted and name not in wanted:
+            continue
+        if name in device_plugin_nodes:
+            continue  # build_report reports it on the device-plugin row
+        node = node_objs.get(name, {"metadata": {"name": name}})
+        row = _dra_node(node, gpus, claims_by_node.get(name, []), live, shown)
+        row.problems.extend(dra.problems.get(name, []))
+        out.append((row, shown))
+    return out
+
+
+def _dra_node(
+    node: Obj, gpus: list[DraGpu], claims: list[DraClaim], live: Mapping[tuple[str, str], Obj], unit: MemoryUnit
+) -> NodeRow:
+    by_device = {g.device: g for g in gpus}
+    allocated: dict[str, int] = {}
+    rows: list[PodRow] = []
+    for c in claims:
+        held = [live[p] for p in c.pods if p in live]
+        names = [str(p["metadata"]["name"]) for p in held]
+        if not held:
+            state = STATE_UNUSED
+        elif any((p.get("status") or {}).get("phase") == "Running" for p in held):
+            state = STATE_ASSIGNED
+        else:
+            state = STATE_ALLOCATING
+        row = PodRow(c.namespace, ",".join(names) or c.name, state, claim=c.name)
+        for device, mib in c.devices.items():
+            units = to_units(mib, unit, up=True)
+            index = by_device[device].index
+            row.gpus[index] = row.gpus.get(index, 0) + units
+            allocated[device] = allocated.get(device, 0) + units
+        rows.append(row)
+    problems: list[str] = []
+    measured = _measured(node, problems)
+    return NodeRow(
+        name=str((node.get("metadata") or {}).get("name", "")),
+        address=node_address(node),
+        gpus=[
+            GpuRow(
+                g.index,
+                g.uuid,
+                g.model,
+                g.healthy,
+                allocated.get(g.device, 0),
+                to_units(g.memory_mib, unit, up=False),
+                None if measured is None else measured.gpus.get(g.index, 0),
+            )
+            for g in gpus
+        ],
+        pods=sorted(rows, key=lambda r: (r.namespace, r.name, r.claim or "")),
+        problems=problems,
+        usage_time=None if measured is None else (measured.time or "unknown"),
+        mode=MODE_DRA,
+    )
 
 
 def _with_used(item: dict[str, Any], used_mib: int | None) -> dict[str, Any]:
     """`usedMiB` only where the node's plugin measures it: reports of unmeasured nodes are unchanged."""
     if used_mib is not None:
         item["usedMiB"] = used_mib
+    return item
+
+
+def _with_claim(item: dict[str, Any], claim: str | None) -> dict[str, Any]:
+    """`claim` on the rows of DRA nodes: the ResourceClaim (in the row's namespace) the memory belongs to."""
+    if claim is not None:
+        item["claim"] = claim
     return item
 
 
@@ -334,24 +454,28 @@ def report_to_dict(report: Report) -> dict[str, Any]:
                 for g in n.gpus
             ],
             "pods": [
-                _with_used(
-                    {
-                        "namespace": p.namespace,
-                        "name": p.name,
-                        "state": p.state,
-                        "allocated": p.allocated,
-                        "gpus": [
-                            _with_used(
-                                {"index": i, "allocated": u}, None if p.used_mib is None else p.used_mib.get(i, 0)
-                            )
-                            for i, u in sorted(p.gpus.items())
-                        ],
-                    },
-                    p.used_total_mib,
+                _with_claim(
+                    _with_used(
+                        {
+                            "namespace": p.namespace,
+                            "name": p.name,
+                            "state": p.state,
+                            "allocated": p.allocated,
+                            "gpus": [
+                                _with_used(
+                                    {"index": i, "allocated": u}, None if p.used_mib is None else p.used_mib.get(i, 0)
+                                )
+                                for i, u in sorted(p.gpus.items())
+                            ],
+                        },
+                        p.used_total_mib,
+                    ),
+                    p.claim,
                 )
                 for p in n.pods
             ],
             "problems": list(n.problems),
+            "mode": n.mode,
         }
         if n.usage_time is not None:
             node["usedMiB"] = n.used_mib

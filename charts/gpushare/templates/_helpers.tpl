@@ -88,3 +88,54 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpushare.logLevel" -}}
 {{- .Values.logLevel }}
 {{- end }}
+
+{{/* Modes (values "mode"): which parts this release installs. Each helper prints "true" or nothing,
+     so `if (include ...)` reads naturally. deviceplugin: device plugin + extender; dra: the DRA driver
+     only; both: all of it, each node served by one of the two (label gpushare.io/mode, see values.yaml). */}}
+{{- define "gpushare.devicePluginOn" -}}
+{{- if and (ne .Values.mode "dra") .Values.devicePlugin.enabled }}true{{ end }}
+{{- end }}
+{{- define "gpushare.schedulerOn" -}}
+{{- if and (ne .Values.mode "dra") .Values.scheduler.enabled }}true{{ end }}
+{{- end }}
+{{- define "gpushare.draOn" -}}
+{{- if ne .Values.mode "deviceplugin" }}true{{ end }}
+{{- end }}
+
+{{/* The node label that picks a node's mode when both run, and the affinity term each DaemonSet adds.
+     include with (dict "affinity" <values affinity> "operator" "In"|"NotIn"). Every required
+     nodeSelectorTerm (they are ORed) gets the expression, so the user's own terms still hold. */}}
+{{- define "gpushare.modeLabel" -}}gpushare.io/mode{{- end }}
+{{- define "gpushare.modeAffinity" -}}
+{{- $aff := deepCopy (default dict .affinity) }}
+{{- $expr := dict "key" (include "gpushare.modeLabel" .) "operator" .operator "values" (list "dra") }}
+{{- $na := deepCopy (default dict (get $aff "nodeAffinity")) }}
+{{- $req := deepCopy (default dict (get $na "requiredDuringSchedulingIgnoredDuringExecution")) }}
+{{- $terms := list }}
+{{- range (default (list dict) (get $req "nodeSelectorTerms")) }}
+{{- $t := deepCopy . }}
+{{- $_ := set $t "matchExpressions" (append (default list (get $t "matchExpressions")) $expr) }}
+{{- $terms = append $terms $t }}
+{{- end }}
+{{- $_ := set $req "nodeSelectorTerms" $terms }}
+{{- $_ := set $na "requiredDuringSchedulingIgnoredDuringExecution" $req }}
+{{- $_ := set $aff "nodeAffinity" $na }}
+{{- toYaml $aff }}
+{{- end }}
+
+{{- define "gpushare.dra.fullname" -}}
+{{- printf "%s-dra-plugin" (include "gpushare.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* DRA needs resource.k8s.io/v1 (Kubernetes 1.34); sharing one GPU between claims needs consumable
+     capacity (gate DRAConsumableCapacity: alpha and off in 1.34-1.35, beta and on from 1.36). Without the
+     gate the API server drops the devices' shared capacity and each GPU goes whole to one claim. */}}
+{{- define "gpushare.dra.checkVersion" -}}
+{{- $v := .Capabilities.KubeVersion.Version }}
+{{- if not (semverCompare ">=1.34.0-0" $v) }}
+{{- fail (printf "mode=%s needs Kubernetes 1.34 or newer (DRA, resource.k8s.io/v1); this cluster is %s. Use mode=deviceplugin on this cluster." .Values.mode $v) }}
+{{- end }}
+{{- if and (not (semverCompare ">=1.36.0-0" $v)) (not .Values.dra.consumableCapacityGate) }}
+{{- fail (printf "mode=%s on Kubernetes %s: GPU sharing through DRA needs the DRAConsumableCapacity feature gate (off by default before 1.36). Turn it on for kube-apiserver and kube-scheduler (--feature-gates=DRAConsumableCapacity=true), then set dra.consumableCapacityGate=true; or upgrade to 1.36+." .Values.mode $v) }}
+{{- end }}
+{{- end }}

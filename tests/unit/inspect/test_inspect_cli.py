@@ -133,6 +133,9 @@ class FakeApiServer(BaseHTTPRequestHandler):
 
     pods_status = 200
     requests: list[str] = []
+    # DRA lists by path; empty: this server has no resource.k8s.io/v1 (Kubernetes < 1.34), so 404
+    dra: dict[str, list[dict]] = {}
+    forbidden: set[str] = set()  # paths answered 403
 
     def log_message(self, *args: object) -> None:
         pass
@@ -149,10 +152,13 @@ class FakeApiServer(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         type(self).requests.append(self.path)
+        if url.path in self.forbidden:
+            self._send(403, {"kind": "Status", "reason": "Forbidden", "message": f"{url.path} is forbidden"})
+            return
         if url.path == "/api/v1/pods" and self.pods_status == 403:
             self._send(403, {"kind": "Status", "reason": "Forbidden", "message": 'pods is forbidden: User "bob"'})
             return
-        items = {"/api/v1/nodes": NODES, "/api/v1/pods": PODS}.get(url.path)
+        items = {"/api/v1/nodes": NODES, "/api/v1/pods": PODS, **self.dra}.get(url.path)
         if items is None:
             self._send(404, {"kind": "Status", "reason": "NotFound", "message": "not found"})
             return
@@ -166,7 +172,7 @@ class FakeApiServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def api_server(tmp_path: Path) -> Iterator[tuple[Path, type[FakeApiServer]]]:
-    handler = type("Handler", (FakeApiServer,), {"requests": [], "pods_status": 200})
+    handler = type("Handler", (FakeApiServer,), {"requests": [], "pods_status": 200, "dra": {}, "forbidden": set()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -198,10 +204,13 @@ def test_real_adapter_end_to_end(api_server) -> None:
     assert main(["--kubeconfig", str(kubeconfig), "--context", "ctx"], stdout=out, stderr=err) == 0
     assert "82/208 (39%)" in out.getvalue()
     paths = [r.split("?")[0] for r in handler.requests]
-    assert paths == ["/api/v1/nodes"] * 2 + ["/api/v1/pods"] * 4  # one paginated list each, nothing per node
+    # one paginated list each, nothing per node; then the DRA slices, which this server lacks (404: no DRA)
+    assert paths == ["/api/v1/nodes"] * 2 + ["/api/v1/pods"] * 4 + ["/apis/resource.k8s.io/v1/resourceslices"]
     assert all(
-        "fieldSelector=status.phase%21%3DFailed%2Cstatus.phase%21%3DSucceeded" in r for r in handler.requests[2:]
+        "fieldSelector=status.phase%21%3DFailed%2Cstatus.phase%21%3DSucceeded" in r for r in handler.requests[2:6]
     )
+    assert "fieldSelector=spec.driver%3Dgpushare.io" in handler.requests[6]
+    assert "resource" not in err.getvalue(), "a cluster without DRA is no problem"
 
 
 def test_real_adapter_forbidden(api_server) -> None:

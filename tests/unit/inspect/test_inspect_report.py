@@ -110,7 +110,10 @@ def test_schema_is_stable() -> None:
     data = report_to_dict(build_report(NODES, PODS))
     assert data["schemaVersion"] == SCHEMA_VERSION == "gpushare.io/inspect/v1"
     assert list(data) == ["schemaVersion", "unit", "nodes", "cluster"]
-    assert list(data["nodes"][0]) == ["name", "ipAddress", "allocated", "total", "pending", "gpus", "pods", "problems"]
+    assert list(data["nodes"][0]) == [
+        *("name", "ipAddress", "allocated", "total", "pending", "gpus", "pods", "problems"),
+        "mode",  # added with DRA mode: "deviceplugin" or "dra"
+    ]
     assert list(data["nodes"][0]["gpus"][0]) == ["index", "uuid", "model", "healthy", "allocated", "total", "free"]
     assert list(data["nodes"][0]["pods"][0]) == ["namespace", "name", "state", "allocated", "gpus"]
     assert list(data["cluster"]) == ["nodes", "gpus", "unhealthyGpus", "allocated", "total", "pending", "percent"]
