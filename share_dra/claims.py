@@ -29,7 +29,7 @@ from share_core.contract import (
     dra_device_name,
 )
 from share_plugin.backend import Gpu
-from share_plugin.matcher import gpu_env, visible_ids
+from share_plugin.matcher import gpu_env
 
 # Env-only edits need nothing newer; every CDI-capable runtime reads 0.5.0.
 CDI_VERSION = "0.5.0"
@@ -241,11 +241,6 @@ def cdi_name(claim_uid: str, a: AllocatedDevice, unique_devices: bool) -> str:
         return dra_cdi_device(claim_uid, a.device)
     request = re.sub(r"[^A-Za-z0-9_.:-]", "_", a.request)
     return dra_cdi_device(claim_uid, f"{request}-{a.device}")
-
-
-def visible(gpus: Sequence[Gpu]) -> str:
-    """NVIDIA_VISIBLE_DEVICES for a set of GPUs (by UUID), for logs."""
-    return ",".join(visible_ids(gpus, "uuid"))
 
 
 def spec_text(spec: Mapping[str, Any]) -> str:

@@ -87,11 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
-    p.add_argument(
-        "--no-kubelet",
-        action="store_true",
-        help="publish the slice only, serve no sockets (a control-plane test without a kubelet)",
-    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     return p
 
@@ -134,32 +129,30 @@ def main(argv: list[str] | None = None) -> int:
     api = ApiServerDraApi(client)
     driver_version = str(getattr(backend, "driver_version", "") or "")
     publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version, args.unhealthy)
-    servers = None
-    if not args.no_kubelet:
-        try:
-            driver = Driver(
-                args.node_name,
-                backend.gpus,
-                api,
-                args.cdi_dir,
-                Checkpoint(Path(args.plugin_dir) / CHECKPOINT_NAME),
-                unit,
-                [d for d in args.cdi_spec_dirs.split(",") if d],
-                args.device_id_strategy,
-            )
-        except RuntimeError as exc:
-            log.error("%s", exc)
-            return 1
-        servers = PluginServers(
-            driver,
-            Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint),
-            on_registered=publisher.kick_after_registration,
+    try:
+        driver = Driver(
+            args.node_name,
+            backend.gpus,
+            api,
+            args.cdi_dir,
+            Checkpoint(Path(args.plugin_dir) / CHECKPOINT_NAME),
+            unit,
+            [d for d in args.cdi_spec_dirs.split(",") if d],
+            args.device_id_strategy,
         )
-        try:
-            servers.start()
-        except (OSError, RuntimeError) as exc:
-            log.error("cannot serve the kubelet sockets (%s, %s): %s", args.plugin_dir, args.plugins_registry_dir, exc)
-            return 1
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+    servers = PluginServers(
+        driver,
+        Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint),
+        on_registered=publisher.kick_after_registration,
+    )
+    try:
+        servers.start()
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot serve the kubelet sockets (%s, %s): %s", args.plugin_dir, args.plugins_registry_dir, exc)
+        return 1
 
     stop = threading.Event()
 
@@ -186,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         unit.value,
     )
     publisher.run(stop, resync=args.resync)
-    if servers is not None:
-        servers.stop()
+    servers.stop()
     backend.close()
     return 0

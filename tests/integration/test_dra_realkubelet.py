@@ -126,14 +126,14 @@ def test_kubelet_restart_wipes_the_slice_and_the_plugin_publishes_it_again(
     assert len(items) == 1 and [d["name"] for d in items[0]["spec"]["devices"]] == ["gpu-0"], items
 
 
-def test_kubelet_prepares_and_unprepares_a_claim_across_a_plugin_restart(
+def test_kubelet_prepares_and_unprepares_a_claim_across_restarts(
     real_node: RealNode, dra_plugin: DraPlugin, ns: str, gpu_cluster: GpuCluster
 ) -> None:
     """kubelet's DRA manager calls NodePrepareResources for a pod's allocated claim before its containers
     start (the claim's CDI spec appears, with the claim's 3 GiB as the limit), starts the pod once we answered,
-    and calls NodeUnprepareResources once the pod is gone: a restarted plugin removes the spec its predecessor
-    wrote (the checkpoint). The container getting the spec's env through a CDI-capable containerd is
-    issue-14-cdi's test."""
+    keeps it through a kubelet restart, and calls NodeUnprepareResources once the pod is gone: a restarted plugin
+    removes the spec its predecessor wrote (the checkpoint). The container getting the spec's env through a
+    CDI-capable containerd is issue-14-cdi's test."""
     admin = real_node.admin
     cdi_dir = real_node.workdir / "dra-cdi"
     wait_for(lambda: node_slice(real_node), 60, "the real node's slice")
@@ -197,6 +197,11 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_a_plugin_restart(
     # turns it on and checks the container's env is the spec's.
     print(f"\nDRA pod running; gpushare env in the container: {ours or 'none (containerd CDI off)'}")
 
+    # A kubelet restart: the running pod keeps its claim prepared (a repeated Prepare answers the same devices).
+    real_node.restart_kubelet()
+    wait_for(lambda: (pod().get("status") or {}).get("phase") == "Running", 60, "the DRA pod still running")
+    assert spec_path.exists() and "cannot prepare" not in dra_plugin.text()
+    # A plugin restart, then the pod goes: the new plugin removes the spec its predecessor wrote.
     dra_plugin.stop()
     dra_plugin.start()
     admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/dra-pod")
