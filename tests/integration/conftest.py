@@ -10,7 +10,6 @@ import pytest
 
 from tests.controlplane import ControlPlane
 from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
-from tests.controlplane.binaries import k8s_version, parse_version
 from tests.controlplane.gpucluster import GpuCluster
 from tests.node import RealNode
 
@@ -51,35 +50,6 @@ def pytest_runtest_makereport(
     node = getattr(item, "funcargs", {}).get("real_node")
     if report.failed and isinstance(node, RealNode):
         report.sections.append(("real node logs (kubelet, containerd)", node.logs(80)))
-
-
-_TOO_OLD: list[str] = []  # "<test id> (needs 1.34+, running v1.33.13)", for the terminal summary
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect tests marked `min_k8s("1.34")` when the Kubernetes under test is older (e.g. DRA on v1.33,
-    the oldest supported minor): deselected, not skipped, and each one named in the summary."""
-    marked = [(item, item.get_closest_marker("min_k8s")) for item in items]
-    marked = [(item, m) for item, m in marked if m is not None]
-    if not marked:
-        return
-    running = k8s_version()
-    dropped = []
-    for item, marker in marked:
-        needed = parse_version(marker.args[0])
-        if running < needed:
-            dropped.append(item)
-            _TOO_OLD.append(f"{item.nodeid} (needs {marker.args[0]}+, running v{'.'.join(map(str, running))})")
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = [i for i in items if i not in dropped]
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if _TOO_OLD:
-        terminalreporter.section("deselected: needs a newer Kubernetes")
-        for line in _TOO_OLD:
-            terminalreporter.line(line)
 
 
 _names = itertools.count()

@@ -536,6 +536,8 @@ class RealNode:
             "nodeStatusUpdateFrequency": f"{self.status_update_seconds}s",
             "registerNode": True,
         }
+        if self.cp.feature_gates:  # gates the control plane runs with (e.g. DRAConsumableCapacity before 1.36)
+            config["featureGates"] = dict(self.cp.feature_gates)
         (self.kubelet_root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_kubelet(self, timeout: float) -> None:
