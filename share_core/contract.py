@@ -120,3 +120,48 @@ def gpu_uuid_of_device(dev_id: str) -> str:
     if not sep or not uuid:
         raise ValueError(f"not a gpushare device ID: {dev_id!r}")
     return uuid
+
+
+# --- Dynamic Resource Allocation (share-dra, resource.k8s.io/v1) ------------------------------------
+# One name for the driver: ResourceSlice spec.driver, the kubelet plugin registration name, the
+# DeviceClass (the chart creates it, selecting `device.driver == "gpushare.io"`) and the attribute domain.
+DRA_DRIVER_NAME = "gpushare.io"
+DRA_DEVICE_CLASS = "gpushare.io"
+DRA_DEVICE_PREFIX = "gpu-"  # device `gpu-<index>` in the slice (a DNS label)
+# Attributes, read in CEL as device.attributes["gpushare.io"].<name>.
+DRA_ATTR_MODEL = "model"
+DRA_ATTR_UUID = "uuid"
+DRA_ATTR_INDEX = "index"
+DRA_ATTR_DRIVER_VERSION = "driverVersion"
+# Consumable capacity (KEP-5075): a claim asks `capacity.requests.memory`; the scheduler records it in
+# status.allocation.devices.results[].consumedCapacity.memory.
+DRA_CAPACITY_MEMORY = "memory"
+# CDI: vendor/class of our devices, one spec file per claim, one device per (claim, request, device).
+DRA_CDI_KIND = "gpushare.io/gpu"
+DEFAULT_CDI_DIR = "/var/run/cdi"
+# CDI dirs a runtime reads (containerd's and CRI-O's defaults), where NVIDIA's own spec may lie.
+DEFAULT_CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+# kubelet's plugin watcher (pluginregistration.v1) and the DRA service socket.
+DEFAULT_PLUGINS_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_DRA_PLUGIN_DIR = "/var/lib/kubelet/plugins/gpushare.io"
+DRA_REGISTRATION_SOCKET_NAME = "gpushare.io-reg.sock"
+DRA_SOCKET_NAME = "dra.sock"
+DRA_PLUGIN_TYPE = "DRAPlugin"
+# gRPC services kubelet may choose (pkg/kubelet/cm/dra/plugin: "<version>.<service>"), newest first.
+DRA_SERVICE_V1 = "v1.DRAPlugin"
+DRA_SERVICE_V1BETA1 = "v1beta1.DRAPlugin"
+
+
+def dra_device_name(index: int) -> str:
+    """The slice's device name for GPU `index` (`gpu-0`)."""
+    return f"{DRA_DEVICE_PREFIX}{index}"
+
+
+def dra_cdi_spec_file(claim_uid: str) -> str:
+    """The file name of a claim's CDI spec (under the CDI dir)."""
+    return f"{DRA_DRIVER_NAME}-claim_{claim_uid}.json"
+
+
+def dra_cdi_device(claim_uid: str, device: str) -> str:
+    """The CDI device name (unqualified) of one allocated device of a claim: `<claim-uid>-<device>`."""
+    return f"{claim_uid}-{device}"

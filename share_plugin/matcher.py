@@ -450,32 +450,57 @@ def container_env(
     device_list_strategy: str = DEVICE_LIST_ENVVAR,
     mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
 ) -> dict[str, str]:
-    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total.
+    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total."""
+    count = len(match.gpus)
+    return gpu_env(
+        match.gpus,
+        limit_mib=match.container.units * unit.mib // count,
+        container_units=match.container.units // count,
+        pod_units=match.pod_total,
+        unit=unit,
+        device_id_strategy=device_id_strategy,
+        mps=mps,
+        device_list_strategy=device_list_strategy,
+        mps_pipe_dir=mps_pipe_dir,
+    )
+
+
+def gpu_env(
+    gpus: Sequence[Gpu],
+    limit_mib: int | str,
+    container_units: int,
+    pod_units: int,
+    unit: MemoryUnit,
+    device_id_strategy: str = "uuid",
+    mps: bool = False,
+    device_list_strategy: str = DEVICE_LIST_ENVVAR,
+    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
+) -> dict[str, str]:
+    """The env of a container given `gpus` with `limit_mib` MiB of each (the device plugin's Allocate and
+    the DRA driver's CDI spec both answer with it); `container_units` per GPU and `pod_units` in all are the
+    Aliyun compatibility figures, in `unit`s.
 
     `NVIDIA_VISIBLE_DEVICES` carries the device list only with the envvar strategy; with volume-mounts it
     points at the mount directory (as NVIDIA's plugin does), and with cdi-cri it is left out: the CDI device
     names are the list. Our limit env is there in every mode.
     """
-    count = len(match.gpus)
-    limit_mib = match.container.units * unit.mib // count
-    per_gpu_units = match.container.units // count
     env = {
         ENV_MEM_LIMIT_MIB: str(limit_mib),
-        ENV_MEM_TOTAL_MIB: ",".join(str(g.memory_mib) for g in match.gpus),
-        ENV_GPU_INDEX: ",".join(str(g.index) for g in match.gpus),
-        ENV_ALIYUN_CONTAINER: str(per_gpu_units),
-        ENV_ALIYUN_DEV: ",".join(str(gpu_units(g, unit)) for g in match.gpus),
-        ENV_ALIYUN_IDX: ",".join(str(g.index) for g in match.gpus),
-        ENV_ALIYUN_POD: str(match.pod_total),
+        ENV_MEM_TOTAL_MIB: ",".join(str(g.memory_mib) for g in gpus),
+        ENV_GPU_INDEX: ",".join(str(g.index) for g in gpus),
+        ENV_ALIYUN_CONTAINER: str(container_units),
+        ENV_ALIYUN_DEV: ",".join(str(gpu_units(g, unit)) for g in gpus),
+        ENV_ALIYUN_IDX: ",".join(str(g.index) for g in gpus),
+        ENV_ALIYUN_POD: str(pod_units),
     }
     if device_list_strategy == DEVICE_LIST_ENVVAR:
-        env[ENV_VISIBLE_DEVICES] = ",".join(visible_ids(match.gpus, device_id_strategy))
+        env[ENV_VISIBLE_DEVICES] = ",".join(visible_ids(gpus, device_id_strategy))
     elif device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
         env[ENV_VISIBLE_DEVICES] = VISIBLE_DEVICES_MOUNT_ROOT
     if mps:
         # Device ordinals as CUDA numbers them inside the container, which sees only its GPUs, in this order
         # (NVIDIA MPS documentation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT: "0=1G,1=512MB").
-        env[ENV_MPS_PINNED_LIMIT] = ",".join(f"{n}={limit_mib}M" for n in range(count))
+        env[ENV_MPS_PINNED_LIMIT] = ",".join(f"{n}={limit_mib}M" for n in range(len(gpus)))
         env[ENV_MPS_PIPE_DIRECTORY] = mps_pipe_dir
     return env
 

@@ -67,7 +67,9 @@ class NvmlBackend:
         self.ignored_xids = ignored_xids
         self._lock = threading.Lock()
         self._gpus, self._handles = self._enumerate()
-        log.info("NVML driver %s: %s", _text(pynvml.nvmlSystemGetDriverVersion()), _describe(self._gpus))
+        # The DRA driver publishes it as a device attribute (driverVersion).
+        self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+        log.info("NVML driver %s: %s", self.driver_version, _describe(self._gpus))
 
     def _enumerate(self) -> tuple[list[Gpu], dict[str, Any]]:
         """Offered GPUs in order (whole GPUs, or the MIG instances of a GPU in MIG mode) and their handles."""

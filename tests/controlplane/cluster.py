@@ -213,9 +213,18 @@ class ControlPlane:
     _front_proxy_ca: CertAuthority
     _sa_keys: CertPair
 
-    def __init__(self, workdir: Path | str, bin_dir: Path | str, service_accounts: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path | str,
+        bin_dir: Path | str,
+        service_accounts: bool = False,
+        feature_gates: Mapping[str, bool] | None = None,
+    ) -> None:
         self.workdir = Path(workdir).resolve()
         self.service_accounts = service_accounts
+        # Gates still off by default in the release under test that a test needs (e.g. DRAConsumableCapacity
+        # before 1.36): passed to kube-apiserver, kube-scheduler and kube-controller-manager alike.
+        self.feature_gates = dict(feature_gates or {})
         self.bin_dir = Path(bin_dir).resolve()
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
@@ -310,6 +319,22 @@ class ControlPlane:
             parts.append(f"--- {path} (last {lines} lines) ---\n{tail(path, lines)}")
         return "\n".join(parts) if parts else f"<no logs in {self.log_dir}>"
 
+    def feature_gate_args(self) -> list[str]:
+        """`--feature-gates=...` for a control plane component, or nothing when no gate is set."""
+        if not self.feature_gates:
+            return []
+        return ["--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))]
+
+    def version(self) -> tuple[int, int]:
+        """The (major, minor) of the built kube-apiserver (`--version`: "Kubernetes v1.37.2")."""
+        out = subprocess.run(
+            [str(self.binary("kube-apiserver")), "--version"], capture_output=True, text=True, check=True
+        ).stdout
+        m = re.search(r"v(\d+)\.(\d+)", out)
+        if not m:
+            raise ControlPlaneError(f"kube-apiserver --version printed no version: {out!r}")
+        return int(m.group(1)), int(m.group(2))
+
     # ----------------------------------------------------------------- identities
 
     def kubeconfig_for(self, user: str, groups: Iterable[str] = ()) -> Path:
@@ -399,6 +424,7 @@ class ControlPlane:
                 f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}",
                 f"--cert-dir={self.workdir / f'scheduler-certs{suffix}'}",
+                *self.feature_gate_args(),
                 "--v=2",
             ],
             self.log_dir / f"{name}.log",
@@ -452,6 +478,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--concurrent-deployment-syncs=2",
                 "--concurrent-replicaset-syncs=2",
+                *self.feature_gate_args(),
                 "--v=2",
             ],
             self.log_dir / "kube-controller-manager.log",
@@ -600,6 +627,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 f"--cert-dir={self.pki_dir / 'apiserver-generated'}",
+                *self.feature_gate_args(),
                 "--v=1",
             ],
             self.log_dir / "kube-apiserver.log",

@@ -3,15 +3,74 @@
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.controlplane import ControlPlane
+from tests.controlplane.binaries import BUILD_SCRIPT
 from tests.controlplane.binaries import k8s_bin_dir as find_k8s_bin_dir
 from tests.controlplane.gpucluster import GpuCluster
 from tests.node import RealNode
+
+_deselected_notes: list[str] = []
+
+
+def release_under_test() -> str:
+    """The Kubernetes release the integration tier runs against, without building it: the built
+    kube-apiserver's version when GPUSHARE_K8S_BIN_DIR names one, else hack/build-k8s.sh --version."""
+    preset = os.environ.get("GPUSHARE_K8S_BIN_DIR")
+    argv = [str(Path(preset) / "kube-apiserver"), "--version"] if preset else [str(BUILD_SCRIPT), "--version"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"v\d+\.\d+\.\d+\S*", out)
+    if not m:
+        raise RuntimeError(f"{' '.join(argv)} printed no version: {out!r}")
+    return m.group(0)
+
+
+def _minor(text: str) -> tuple[int, int]:
+    major, minor = text.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect tests marked `k8s_min("1.N", "why")` on an older release (1.33 under `hack/test-matrix.sh --oldest`
+    for the DRA tests), loudly: the run's header and summary name them and why. A deselect, not a skip: the
+    matrix counts a skip as a failure, and these tests cannot pass there."""
+    marked = [(i, list(i.iter_markers("k8s_min"))) for i in items]
+    marked = [(i, ms) for i, ms in marked if ms]
+    if not marked:
+        return
+    version = release_under_test()
+    have = _minor(version)
+    out: dict[str, list[pytest.Item]] = {}
+    for item, marks in marked:
+        unmet = sorted((_minor(m.args[0]), m.args[0], m.args[1] if len(m.args) > 1 else "") for m in marks)
+        unmet = [u for u in unmet if have < u[0]]
+        if unmet:  # the most basic requirement it lacks is the reason
+            _, want, why = unmet[0]
+            out.setdefault(f"Kubernetes {version} < {want}: {why}", []).append(item)
+    if not out:
+        return
+    dropped = {id(i) for group in out.values() for i in group}
+    items[:] = [i for i in items if id(i) not in dropped]
+    for reason, group in out.items():
+        config.hook.pytest_deselected(items=group)
+        names = ", ".join(i.name for i in group)
+        _deselected_notes.append(f"deselected {len(group)} tests ({reason}): {names}")
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    return list(_deselected_notes)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for note in _deselected_notes:
+        terminalreporter.write_line(note, yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +106,9 @@ def pytest_runtest_makereport(
     cluster = getattr(item, "funcargs", {}).get("gpu_cluster")
     if report.failed and isinstance(cluster, GpuCluster):
         report.sections.append(("gpushare process logs", cluster.logs(80)))
+    dra = getattr(item, "funcargs", {}).get("dra_cluster")  # tests/integration/test_dra.py
+    if report.failed and dra is not None:
+        report.sections.append(("control plane and share-dra logs", dra.logs()))
     node = getattr(item, "funcargs", {}).get("real_node")
     if report.failed and isinstance(node, RealNode):
         report.sections.append(("real node logs (kubelet, containerd)", node.logs(80)))

@@ -1,0 +1,1 @@
+"""gRPC bindings of the kubelet DRA and plugin registration APIs (hack/gen-proto.sh)."""

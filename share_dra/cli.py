@@ -1,0 +1,179 @@
+"""`share-dra`: gpushare's DRA kubelet plugin (driver `gpushare.io`, resource.k8s.io/v1, Kubernetes 1.34+).
+
+Publishes the node's ResourceSlice (one device per healthy GPU, `memory` shared between claims), serves
+kubelet's NodePrepareResources / NodeUnprepareResources with a CDI spec per claim, and registers with kubelet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from share_core.contract import (
+    DEFAULT_CDI_DIR,
+    DEFAULT_CDI_SPEC_DIRS,
+    DEFAULT_DRA_PLUGIN_DIR,
+    DEFAULT_PLUGINS_REGISTRY_DIR,
+    DRA_DRIVER_NAME,
+    MemoryUnit,
+)
+
+log = logging.getLogger("share_dra")
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="share-dra", description=f"DRA kubelet plugin for driver {DRA_DRIVER_NAME}")
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
+    p.add_argument(
+        "--plugins-registry-dir",
+        default=env("GPUSHARE_PLUGINS_REGISTRY_DIR", DEFAULT_PLUGINS_REGISTRY_DIR),
+        help="kubelet's plugin watcher dir; the registration socket is created there",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        default=env("GPUSHARE_DRA_PLUGIN_DIR", DEFAULT_DRA_PLUGIN_DIR),
+        help="the DRA service socket (dra.sock) and the checkpoint live here",
+    )
+    p.add_argument(
+        "--endpoint",
+        default=env("GPUSHARE_DRA_ENDPOINT", ""),
+        help="the DRA socket's path as kubelet sees it, if not <plugin-dir>/dra.sock",
+    )
+    p.add_argument("--cdi-dir", default=env("GPUSHARE_CDI_DIR", DEFAULT_CDI_DIR), help="where claim CDI specs go")
+    p.add_argument(
+        "--cdi-spec-dirs",
+        default=env("GPUSHARE_CDI_SPEC_DIRS", ",".join(DEFAULT_CDI_SPEC_DIRS)),
+        help="comma-separated dirs where NVIDIA's CDI spec (nvidia.com/gpu) may be; its devices are referenced",
+    )
+    p.add_argument("--backend", choices=["nvml", "sim"], default=env("GPUSHARE_BACKEND", "nvml"))
+    p.add_argument("--sim-gpus", default=env("SIM_GPUS", "2xA100:80GiB,1xT4:16GiB"), help="e.g. 4xT4:16GiB")
+    p.add_argument(
+        "--sim-health-file",
+        default=env("GPUSHARE_SIM_HEALTH_FILE"),
+        help="sim backend: file listing unhealthy GPUs (index or UUID per line), polled",
+    )
+    p.add_argument(
+        "--memory-unit",
+        default=env("MEMORY_UNIT", "GiB"),
+        choices=["GiB", "MiB"],
+        help="the step claims consume memory in (the request policy's default, minimum and step)",
+    )
+    p.add_argument("--health-check", action=argparse.BooleanOptionalAction, default=_env_bool("HEALTH_CHECK", True))
+    p.add_argument(
+        "--ignored-xids",
+        default=env("GPUSHARE_IGNORED_XIDS"),
+        help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
+    )
+    p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
+    p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
+    p.add_argument(
+        "--no-kubelet",
+        action="store_true",
+        help="publish the slice only, serve no sockets (a control-plane test without a kubelet)",
+    )
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    if not args.node_name:
+        log.error("--node-name (or env NODE_NAME) is required: the slice is published for that node")
+        return 2
+
+    from share_core.kube import ApiServerClient
+    from share_dra.driver import CHECKPOINT_NAME, Checkpoint, Driver
+    from share_dra.kubeapi import ApiServerDraApi
+    from share_dra.publisher import SlicePublisher
+    from share_dra.server import PluginServers, Sockets
+    from share_plugin.backend import BackendError
+
+    unit = MemoryUnit.parse(args.memory_unit)
+    try:
+        if args.backend == "sim":
+            from share_plugin.backend.sim import SimBackend
+
+            backend = SimBackend(args.sim_gpus, args.node_name, health_file=args.sim_health_file)
+        else:
+            from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
+
+            xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
+            backend = NvmlBackend(xids)
+    except (BackendError, ValueError) as exc:
+        log.error("cannot start the %s backend: %s", args.backend, exc)
+        return 1
+    try:
+        client = ApiServerClient.from_kubeconfig(args.kubeconfig, component="gpushare-dra", timeout=5.0)
+    except Exception as exc:
+        log.error("cannot load the Kubernetes client configuration (%s): %s", args.kubeconfig or "in-cluster", exc)
+        return 1
+    api = ApiServerDraApi(client)
+    driver_version = str(getattr(backend, "driver_version", "") or "")
+    publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version)
+    servers = None
+    if not args.no_kubelet:
+        try:
+            driver = Driver(
+                args.node_name,
+                backend.gpus,
+                api,
+                args.cdi_dir,
+                Checkpoint(Path(args.plugin_dir) / CHECKPOINT_NAME),
+                unit,
+                [d for d in args.cdi_spec_dirs.split(",") if d],
+                args.device_id_strategy,
+            )
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            return 1
+        servers = PluginServers(driver, Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint))
+        try:
+            servers.start()
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot serve the kubelet sockets (%s, %s): %s", args.plugin_dir, args.plugins_registry_dir, exc)
+            return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+        publisher.kick.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def on_health(uuid: str, healthy: bool, why: str) -> None:
+        log.warning("GPU %s is %s (%s): updating the ResourceSlice", uuid, "healthy" if healthy else "UNHEALTHY", why)
+        publisher.kick.set()
+
+    if args.health_check:
+        threading.Thread(target=backend.watch_health, args=(stop, on_health), name="health", daemon=True).start()
+    log.info(
+        "node %s: %s backend, %d GPUs (%s), memory in steps of 1 %s",
+        args.node_name,
+        backend.name,
+        len(backend.gpus()),
+        ", ".join(f"{g.index}: {g.model} {g.memory_mib} MiB" for g in backend.gpus()),
+        unit.value,
+    )
+    publisher.run(stop, resync=args.resync)
+    if servers is not None:
+        servers.stop()
+    backend.close()
+    return 0

@@ -1,0 +1,108 @@
+"""Keeps this node's ResourceSlice equal to its healthy GPUs: at start, on every health change, and now and then.
+
+The slice is the node's one pool (named after the node); every change bumps the pool's generation, which
+is how kube-scheduler knows the newer slice replaces the older. Slices of our driver for this node under
+other names (a former version's) are deleted, so the pool never has two.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from share_core.contract import MemoryUnit
+from share_core.kube import Conflict, KubeError, NotFound
+from share_dra import slices
+from share_dra.kubeapi import DraApi
+from share_plugin.backend import Gpu
+
+log = logging.getLogger(__name__)
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: DraApi,
+        node: str,
+        gpus: Callable[[], Sequence[Gpu]],
+        unit: MemoryUnit = MemoryUnit.GiB,
+        driver_version: str = "",
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.gpus = gpus
+        self.unit = unit
+        self.driver_version = driver_version
+        self._lock = threading.Lock()
+        self.kick = threading.Event()
+
+    def sync(self) -> bool:
+        """Make the API server's slice match the GPUs now; True when it had to write. Raises KubeError."""
+        with self._lock:
+            for _ in range(5):  # a conflict means someone else wrote: read again
+                try:
+                    return self._sync_once()
+                except Conflict as exc:
+                    log.info(
+                        "ResourceSlice %s changed under us (%s); reading it again", slices.slice_name(self.node), exc
+                    )
+            raise KubeError(f"ResourceSlice {slices.slice_name(self.node)}: five conflicts in a row")
+
+    def _sync_once(self) -> bool:
+        gpus = self.gpus()
+        name = slices.slice_name(self.node)
+        current = None
+        for s in self.api.list_slices(self.node):
+            if s["metadata"]["name"] == name:
+                current = s
+            else:
+                log.info("deleting stray ResourceSlice %s of this node", s["metadata"]["name"])
+                try:
+                    self.api.delete_slice(s["metadata"]["name"])
+                except NotFound:
+                    pass
+        if current is None:
+            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version)
+            self.api.create_slice(obj)
+            self._report("published", obj, gpus)
+            return True
+        generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        wanted = slices.resource_slice(self.node, gpus, self.unit, generation, self.driver_version)
+        if slices.same_devices(current["spec"], wanted["spec"]):
+            return False
+        wanted["spec"]["pool"]["generation"] = generation + 1
+        wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        self.api.replace_slice(wanted)
+        self._report("updated", wanted, gpus)
+        return True
+
+    def _report(self, what: str, obj: dict, gpus: Sequence[Gpu]) -> None:
+        listed = {d["name"] for d in obj["spec"]["devices"]}
+        withdrawn = [f"gpu-{g.index} ({g.uuid})" for g in gpus if f"gpu-{g.index}" not in listed]
+        log.info(
+            "ResourceSlice %s %s (pool generation %d): %s%s",
+            obj["metadata"]["name"],
+            what,
+            obj["spec"]["pool"]["generation"],
+            ", ".join(f"{d['name']} {d['capacity']['memory']['value']}" for d in obj["spec"]["devices"])
+            or "no devices",
+            f"; withdrawn (unhealthy): {', '.join(withdrawn)}" if withdrawn else "",
+        )
+
+    def run(self, stop: threading.Event, resync: float = 60.0, retry: float = 2.0) -> None:
+        """Sync at start, whenever `kick` is set (a health change) and every `resync` seconds; retry failures."""
+        wait = 0.0
+        while not stop.is_set():
+            self.kick.wait(wait)
+            if stop.is_set():
+                return
+            self.kick.clear()
+            try:
+                self.sync()
+                wait = resync
+            except KubeError as exc:
+                log.warning(
+                    "cannot publish ResourceSlice %s, retrying in %.0fs: %s", slices.slice_name(self.node), retry, exc
+                )
+                wait = retry

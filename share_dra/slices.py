@@ -1,0 +1,130 @@
+"""The node's ResourceSlice, as pure functions of its GPU inventory (resource.k8s.io/v1).
+
+One pool per node (named after the node), one slice in it, one device per healthy GPU: `gpu-<index>` with
+the attributes the DeviceClass and users select on, a `memory` capacity that claims consume in steps
+(KEP-5075 consumable capacity, `allowMultipleAllocations: true`), so kube-scheduler itself packs claims
+onto a GPU and never past its memory. An unhealthy GPU is withdrawn from the slice: nothing new is
+allocated on it on every minor we support (a device taint needs DRADeviceTaints, off before 1.36), and
+claims already allocated on it keep their allocation (kubelet has prepared them).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from share_core.contract import (
+    DRA_ATTR_DRIVER_VERSION,
+    DRA_ATTR_INDEX,
+    DRA_ATTR_MODEL,
+    DRA_ATTR_UUID,
+    DRA_CAPACITY_MEMORY,
+    DRA_DRIVER_NAME,
+    MemoryUnit,
+    dra_device_name,
+)
+from share_plugin.backend import Gpu
+
+Obj = dict[str, Any]
+RESOURCE_API = "resource.k8s.io/v1"
+# Longest string attribute value the API server accepts (resource.k8s.io DeviceAttributeMaxValueLength).
+ATTRIBUTE_MAX_LEN = 64
+
+
+def quantity(mib: int) -> str:
+    """A Kubernetes quantity for `mib` MiB, in Gi when whole (what people read in the slice)."""
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def capacity_mib(gpu: Gpu, unit: MemoryUnit) -> int:
+    """The memory a GPU offers, rounded down to whole units (never advertise memory it lacks)."""
+    return gpu.memory_mib // unit.mib * unit.mib
+
+
+def semver(version: str) -> str | None:
+    """NVIDIA's driver version as the semantic version a `version` attribute must be ("535.104.05" ->
+    "535.104.5", "550.54" -> "550.54.0"); None when it has no such shape."""
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\d+", p) for p in parts):
+        return None
+    parts += ["0"] * (3 - len(parts))
+    return ".".join(str(int(p)) for p in parts)
+
+
+def device(gpu: Gpu, unit: MemoryUnit, driver_version: str = "") -> Obj:
+    """The slice entry of one GPU."""
+    step = quantity(unit.mib)
+    attrs: Obj = {
+        DRA_ATTR_MODEL: {"string": gpu.model[:ATTRIBUTE_MAX_LEN]},
+        DRA_ATTR_UUID: {"string": gpu.uuid[:ATTRIBUTE_MAX_LEN]},
+        DRA_ATTR_INDEX: {"int": gpu.index},
+    }
+    version = semver(driver_version) if driver_version else None
+    if version:
+        attrs[DRA_ATTR_DRIVER_VERSION] = {"version": version}
+    return {
+        "name": dra_device_name(gpu.index),
+        "attributes": attrs,
+        "capacity": {
+            DRA_CAPACITY_MEMORY: {
+                "value": quantity(capacity_mib(gpu, unit)),
+                "requestPolicy": {"default": step, "validRange": {"min": step, "step": step}},
+            }
+        },
+        "allowMultipleAllocations": True,
+    }
+
+
+def offered(gpus: Sequence[Gpu], unit: MemoryUnit) -> list[Gpu]:
+    """The GPUs the slice lists: healthy ones with at least one unit of memory."""
+    return [g for g in gpus if g.healthy and capacity_mib(g, unit) >= unit.mib]
+
+
+def slice_spec(node: str, gpus: Sequence[Gpu], unit: MemoryUnit, generation: int, driver_version: str = "") -> Obj:
+    """The spec of the node's one slice; `generation` is the pool's (bumped on every change)."""
+    return {
+        "driver": DRA_DRIVER_NAME,
+        "nodeName": node,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+        "devices": [device(g, unit, driver_version) for g in offered(gpus, unit)],
+    }
+
+
+def slice_name(node: str) -> str:
+    """The slice's object name: one per node and driver, stable across restarts."""
+    return f"{node}-{DRA_DRIVER_NAME}"
+
+
+def resource_slice(node: str, gpus: Sequence[Gpu], unit: MemoryUnit, generation: int, driver_version: str = "") -> Obj:
+    """The whole ResourceSlice object to create."""
+    return {
+        "apiVersion": RESOURCE_API,
+        "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node)},
+        "spec": slice_spec(node, gpus, unit, generation, driver_version),
+    }
+
+
+def same_devices(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """True when a slice read from the API server already lists what `wanted` lists (generation aside).
+
+    Compared on the fields we set, so defaults the API server adds do not look like a change."""
+
+    def ours(spec: Mapping[str, Any]) -> Any:
+        return (
+            spec.get("driver"),
+            spec.get("nodeName"),
+            (spec.get("pool") or {}).get("name"),
+            [
+                (
+                    d.get("name"),
+                    d.get("attributes") or {},
+                    {k: (v.get("value"), v.get("requestPolicy")) for k, v in (d.get("capacity") or {}).items()},
+                    bool(d.get("allowMultipleAllocations")),
+                )
+                for d in spec.get("devices") or []
+            ],
+        )
+
+    return ours(current) == ours(wanted)
