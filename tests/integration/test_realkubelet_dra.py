@@ -44,7 +44,11 @@ from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
 from tests.integration.test_dra import PLUGIN_RULES, PLUGIN_USER, RES
 from tests.node import RealNode
 
-pytestmark = [pytest.mark.integration, pytest.mark.realkubelet, pytest.mark.dra]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.realkubelet,
+    pytest.mark.k8s_min("1.34", "no resource.k8s.io/v1 before 1.34 (DRA GA)"),
+]
 
 NODE = "dra-realnode-0"
 SIM_GPUS = "1xA100:80GiB,1xT4:16GiB"
@@ -132,9 +136,14 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
             return bool(items)
 
         wait_for(published, 60, "share-dra's ResourceSlice")
-        # kubelet's plugin manager found the registration socket, called GetInfo, validated the driver
-        # and notified it (pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin/registration.go).
-        wait_for(lambda: registered(node), 60, "kubelet to register the gpushare.io DRA plugin")
+        # kubelet's plugin manager found the registration socket, called GetInfo, validated the driver and
+        # told it so (NotifyRegistrationStatus; pkg/kubelet/pluginmanager, pkg/kubelet/cm/dra/plugin).
+        log = cp.log_dir / "share-dra.log"
+        wait_for(
+            lambda: f"kubelet registered driver {DRA_DRIVER_NAME}" in log.read_text(errors="replace"),
+            60,
+            "kubelet to register the gpushare.io DRA plugin",
+        )
         yield env
     finally:
         if plugin is not None:
@@ -142,11 +151,6 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         if node is not None:
             node.stop()
         cp.stop()
-
-
-def registered(node: RealNode) -> bool:
-    log = node.kubelet_log()
-    return "Register new plugin" in log and DRA_DRIVER_NAME in log and "DRA" in log
 
 
 def claim(name: str, gib: int) -> dict[str, Any]:
