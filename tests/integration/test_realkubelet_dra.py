@@ -61,14 +61,11 @@ class DraRealNode:
     node: RealNode
     plugin: ManagedProcess
 
-    @property
-    def plugin_dir(self) -> Path:
-        return self.node.plugins_dir / DRA_DRIVER_NAME
-
     def request(self, method: str, path: str, **kw: Any) -> Any:
         return self.node.admin.request(method, path, **kw)
 
     def logs(self) -> str:
+        """Control plane, kubelet, containerd and share-dra log tails (attached to a failed test by conftest)."""
         return f"{self.cp.logs(60)}\n{self.node.logs(80)}\n--- share-dra ---\n{self.plugin.log_tail(80)}"
 
 
@@ -260,7 +257,7 @@ def test_kubelet_prepares_the_claim_and_the_container_gets_its_allocation(dra_re
 
 
 def test_two_containers_share_one_claim(dra_real: DraRealNode) -> None:
-    p, c = run(dra_real, "shared", 2, containers=2)
+    _, c = run(dra_real, "shared", 2, containers=2)
     device, mib = allocation(c)
     assert mib == 2048
     gpu = sim_gpus()[int(device.removeprefix("gpu-"))]

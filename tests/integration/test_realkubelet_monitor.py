@@ -244,7 +244,9 @@ def write_test_cdi_spec(node: RealNode, uuids: list[str]) -> Path:
         (files / uuid).write_text(uuid)
         edits = {
             "env": [f"GPUSHARE_TEST_CDI_DEVICE={uuid}"],
-            "mounts": [{"hostPath": str(files / uuid), "containerPath": f"{CDI_MOUNT_DIR}/{uuid}", "options": ["ro", "bind"]}],
+            "mounts": [
+                {"hostPath": str(files / uuid), "containerPath": f"{CDI_MOUNT_DIR}/{uuid}", "options": ["ro", "bind"]}
+            ],
         }
         devices.append({"name": uuid, "containerEdits": edits})
     spec = node.cdi_dir / "gpushare-test-nvidia.json"

@@ -332,7 +332,9 @@ class RealNode:
     def ctr(self, *args: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """`ctr` against our containerd, namespace k8s.io (the CRI's), run in the node's mount namespace
         (its client side makes fifos under /run/containerd)."""
-        argv = self._nsenter(str(self.containerd_bin / "ctr"), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args)
+        argv = self._nsenter(
+            str(self.containerd_bin / "ctr"), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args
+        )
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise self._fail(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stdout}{result.stderr}")
@@ -473,7 +475,9 @@ class RealNode:
         (c / "cni" / "net.d" / "10-gpushare.conflist").write_text(json.dumps(conflist))
         self._containerd = ManagedProcess(
             "containerd",
-            self._nsenter(str(self.containerd_bin / "containerd"), "--config", str(c / "config.toml"), "--log-level", "info"),
+            self._nsenter(
+                str(self.containerd_bin / "containerd"), "--config", str(c / "config.toml"), "--log-level", "info"
+            ),
             self.log_dir / "containerd.log",
             # containerd starts `containerd-shim-runc-v2` from its PATH: ours first, never Debian's 1.6 one.
             env={**os.environ, "PATH": f"{self.containerd_bin}:" + os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
