@@ -58,7 +58,7 @@ from share_core.kube import ApiServerClient, KubeError, NotFound, load_configura
 from tests.controlplane.cluster import LOOPBACK, ControlPlane, ControlPlaneError, ManagedProcess, free_ports, tail
 
 from . import host
-from .containerd import containerd_bin_dir
+from .containerd import ContainerdBuildError, containerd_bin_dir
 from .images import NodeImages, node_images
 
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # kubelet's, compiled in (v1beta1.DevicePluginPath)
@@ -193,7 +193,10 @@ class RealNode:
     def containerd_bin(self) -> Path:
         """The directory of containerd, its runc shim and ctr (hack/build-containerd.sh)."""
         if self._containerd_bin is None:
-            self._containerd_bin = containerd_bin_dir()
+            try:
+                self._containerd_bin = containerd_bin_dir()
+            except ContainerdBuildError as exc:
+                raise RealNodeError(f"no containerd for node {self.name}: {exc}") from exc
         return self._containerd_bin
 
     @property
