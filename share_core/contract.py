@@ -136,6 +136,11 @@ DRA_ATTR_DRIVER_VERSION = "driverVersion"
 # Consumable capacity (KEP-5075): a claim asks `capacity.requests.memory`; the scheduler records it in
 # status.allocation.devices.results[].consumedCapacity.memory.
 DRA_CAPACITY_MEMORY = "memory"
+# `--unhealthy taint` (1.36+, DRADeviceTaints): an unhealthy GPU stays listed with this NoSchedule taint.
+DRA_TAINT_UNHEALTHY = "gpushare.io/unhealthy"
+DRA_UNHEALTHY_WITHDRAW = "withdraw"
+DRA_UNHEALTHY_TAINT = "taint"
+DRA_UNHEALTHY_MODES = (DRA_UNHEALTHY_WITHDRAW, DRA_UNHEALTHY_TAINT)
 # CDI: vendor/class of our devices, one spec file per claim, one device per (claim, request, device).
 DRA_CDI_KIND = "gpushare.io/gpu"
 DEFAULT_CDI_DIR = "/var/run/cdi"

@@ -20,6 +20,8 @@ from share_core.contract import (
     DEFAULT_DRA_PLUGIN_DIR,
     DEFAULT_PLUGINS_REGISTRY_DIR,
     DRA_DRIVER_NAME,
+    DRA_UNHEALTHY_MODES,
+    DRA_UNHEALTHY_WITHDRAW,
     MemoryUnit,
 )
 
@@ -76,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUSHARE_IGNORED_XIDS"),
         help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
     )
+    p.add_argument(
+        "--unhealthy",
+        choices=list(DRA_UNHEALTHY_MODES),
+        default=env("GPUSHARE_DRA_UNHEALTHY", DRA_UNHEALTHY_WITHDRAW),
+        help="an unhealthy GPU: withdraw it from the slice (any Kubernetes), or taint it NoSchedule and keep it "
+        "listed (needs DRADeviceTaints: Kubernetes 1.36+)",
+    )
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
     p.add_argument(
@@ -124,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     api = ApiServerDraApi(client)
     driver_version = str(getattr(backend, "driver_version", "") or "")
-    publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version)
+    publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version, args.unhealthy)
     servers = None
     if not args.no_kubelet:
         try:
@@ -141,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             log.error("%s", exc)
             return 1
-        servers = PluginServers(driver, Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint))
+        servers = PluginServers(
+            driver,
+            Sockets(args.plugins_registry_dir, args.plugin_dir, args.endpoint),
+            on_registered=publisher.kick_after_registration,
+        )
         try:
             servers.start()
         except (OSError, RuntimeError) as exc:

@@ -1,7 +1,8 @@
 """The few resource.k8s.io/v1 calls the DRA driver makes, over share_core.kube's API client.
 
-RBAC they need (the chart grants them): resourceslices get/list/watch/create/update/delete (the driver
-touches only its node's slice, `spec.nodeName` = its node), resourceclaims get.
+RBAC they need (the chart grants them; tests/integration/test_dra.py runs the plugin with exactly these):
+resource.k8s.io resourceslices list/create/update/delete (the driver touches only its node's slice,
+`spec.nodeName` = its node), resourceclaims get.
 """
 
 from __future__ import annotations

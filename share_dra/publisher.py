@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from share_core.contract import MemoryUnit
+from share_core.contract import DRA_UNHEALTHY_WITHDRAW, MemoryUnit
 from share_core.kube import Conflict, KubeError, NotFound
 from share_dra import slices
 from share_dra.kubeapi import DraApi
@@ -28,14 +28,17 @@ class SlicePublisher:
         gpus: Callable[[], Sequence[Gpu]],
         unit: MemoryUnit = MemoryUnit.GiB,
         driver_version: str = "",
+        unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
     ) -> None:
         self.api = api
+        self.unhealthy = unhealthy
         self.node = node
         self.gpus = gpus
         self.unit = unit
         self.driver_version = driver_version
         self._lock = threading.Lock()
         self.kick = threading.Event()
+        self._warned: set[str] = set()
 
     def sync(self) -> bool:
         """Make the API server's slice match the GPUs now; True when it had to write. Raises KubeError."""
@@ -63,23 +66,38 @@ class SlicePublisher:
                 except NotFound:
                     pass
         if current is None:
-            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version)
-            self.api.create_slice(obj)
+            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version, self.unhealthy)
+            self._check_served(self.api.create_slice(obj), obj)
             self._report("published", obj, gpus)
             return True
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-        wanted = slices.resource_slice(self.node, gpus, self.unit, generation, self.driver_version)
+        wanted = slices.resource_slice(self.node, gpus, self.unit, generation, self.driver_version, self.unhealthy)
         if slices.same_devices(current["spec"], wanted["spec"]):
             return False
         wanted["spec"]["pool"]["generation"] = generation + 1
         wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        self.api.replace_slice(wanted)
+        self._check_served(self.api.replace_slice(wanted), wanted)
         self._report("updated", wanted, gpus)
         return True
+
+    def _check_served(self, served: dict, wanted: dict) -> None:
+        """Say so, once each, when the API server dropped fields we set: a feature gate of it is off."""
+        problem = slices.sharing_dropped(served.get("spec") or {}, wanted["spec"])
+        if problem and problem not in self._warned:
+            self._warned.add(problem)
+            log.error(
+                "the API server dropped %s from ResourceSlice %s. allowMultipleAllocations/requestPolicy: every GPU "
+                "would go whole to one claim; enable the DRAConsumableCapacity feature gate on kube-apiserver and "
+                "kube-scheduler (off by default before Kubernetes 1.36). taints: an unhealthy GPU would still get "
+                "claims; enable DRADeviceTaints (off before 1.36) or run with --unhealthy=withdraw",
+                problem,
+                slices.slice_name(self.node),
+            )
 
     def _report(self, what: str, obj: dict, gpus: Sequence[Gpu]) -> None:
         listed = {d["name"] for d in obj["spec"]["devices"]}
         withdrawn = [f"gpu-{g.index} ({g.uuid})" for g in gpus if f"gpu-{g.index}" not in listed]
+        tainted = [d["name"] for d in obj["spec"]["devices"] if d.get("taints")]
         log.info(
             "ResourceSlice %s %s (pool generation %d): %s%s",
             obj["metadata"]["name"],
@@ -87,8 +105,17 @@ class SlicePublisher:
             obj["spec"]["pool"]["generation"],
             ", ".join(f"{d['name']} {d['capacity']['memory']['value']}" for d in obj["spec"]["devices"])
             or "no devices",
-            f"; withdrawn (unhealthy): {', '.join(withdrawn)}" if withdrawn else "",
+            (f"; withdrawn (unhealthy): {', '.join(withdrawn)}" if withdrawn else "")
+            + (f"; tainted NoSchedule (unhealthy): {', '.join(tainted)}" if tainted else ""),
         )
+
+    def kick_after_registration(self, delays: tuple[float, ...] = (0.0, 5.0, 15.0, 30.0)) -> None:
+        """Look again now and a few times soon: kubelet wipes its node's ResourceSlices in the background when it
+        starts (pkg/kubelet/cm/dra/plugin, NewDRAPluginManager), possibly after it registered us."""
+        for delay in delays:
+            timer = threading.Timer(delay, self.kick.set)
+            timer.daemon = True
+            timer.start()
 
     def run(self, stop: threading.Event, resync: float = 60.0, retry: float = 2.0) -> None:
         """Sync at start, whenever `kick` is set (a health change) and every `resync` seconds; retry failures."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 
@@ -98,6 +99,9 @@ class RegistrationServicer(reggrpc.RegistrationServicer):
     endpoint: str
     registered: threading.Event = field(default_factory=threading.Event)
     last_error: str = ""
+    # Called when kubelet has registered us: kubelet removes its node's slices when it starts (and when a driver
+    # goes), so the publisher looks again soon instead of at its next resync.
+    on_registered: Callable[[], None] | None = None
 
     def GetInfo(self, request: regpb.InfoRequest, context: grpc.ServicerContext) -> regpb.PluginInfo:
         return regpb.PluginInfo(
@@ -111,6 +115,8 @@ class RegistrationServicer(reggrpc.RegistrationServicer):
             log.info("kubelet registered driver %s (DRA socket %s)", DRA_DRIVER_NAME, self.endpoint)
             self.last_error = ""
             self.registered.set()
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             log.error("kubelet refused driver %s: %s", DRA_DRIVER_NAME, request.error)
             self.last_error = request.error
@@ -133,10 +139,10 @@ def _listen(path: str, add: list, name: str) -> grpc.Server:
 class PluginServers:
     """Both servers, started DRA first, stopped registration first; sockets removed on stop."""
 
-    def __init__(self, driver: Driver, sockets: Sockets) -> None:
+    def __init__(self, driver: Driver, sockets: Sockets, on_registered: Callable[[], None] | None = None) -> None:
         self.sockets = sockets
         self.dra_servicer = DraServicer(driver)
-        self.registration = RegistrationServicer(sockets.endpoint or sockets.dra)
+        self.registration = RegistrationServicer(sockets.endpoint or sockets.dra, on_registered=on_registered)
         self._servers: list[tuple[grpc.Server, str]] = []
 
     def start(self) -> None:

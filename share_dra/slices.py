@@ -3,9 +3,10 @@
 One pool per node (named after the node), one slice in it, one device per healthy GPU: `gpu-<index>` with
 the attributes the DeviceClass and users select on, a `memory` capacity that claims consume in steps
 (KEP-5075 consumable capacity, `allowMultipleAllocations: true`), so kube-scheduler itself packs claims
-onto a GPU and never past its memory. An unhealthy GPU is withdrawn from the slice: nothing new is
-allocated on it on every minor we support (a device taint needs DRADeviceTaints, off before 1.36), and
-claims already allocated on it keep their allocation (kubelet has prepared them).
+onto a GPU and never past its memory. An unhealthy GPU is withdrawn from the slice by default: nothing new
+is allocated on it on every minor we support, and claims already allocated on it keep their allocation
+(kubelet has prepared them). `unhealthy="taint"` keeps it listed with a NoSchedule taint instead, so people
+see it and why; that needs DRADeviceTaints (on by default from 1.36; an API server without it drops taints).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from share_core.contract import (
     DRA_ATTR_UUID,
     DRA_CAPACITY_MEMORY,
     DRA_DRIVER_NAME,
+    DRA_TAINT_UNHEALTHY,
+    DRA_UNHEALTHY_TAINT,
+    DRA_UNHEALTHY_WITHDRAW,
     MemoryUnit,
     dra_device_name,
 )
@@ -52,8 +56,8 @@ def semver(version: str) -> str | None:
     return ".".join(str(int(p)) for p in parts)
 
 
-def device(gpu: Gpu, unit: MemoryUnit, driver_version: str = "") -> Obj:
-    """The slice entry of one GPU."""
+def device(gpu: Gpu, unit: MemoryUnit, driver_version: str = "", unhealthy: str = DRA_UNHEALTHY_WITHDRAW) -> Obj:
+    """The slice entry of one GPU (tainted NoSchedule when unhealthy and `unhealthy` is "taint")."""
     step = quantity(unit.mib)
     attrs: Obj = {
         DRA_ATTR_MODEL: {"string": gpu.model[:ATTRIBUTE_MAX_LEN]},
@@ -63,7 +67,7 @@ def device(gpu: Gpu, unit: MemoryUnit, driver_version: str = "") -> Obj:
     version = semver(driver_version) if driver_version else None
     if version:
         attrs[DRA_ATTR_DRIVER_VERSION] = {"version": version}
-    return {
+    out: Obj = {
         "name": dra_device_name(gpu.index),
         "attributes": attrs,
         "capacity": {
@@ -74,20 +78,33 @@ def device(gpu: Gpu, unit: MemoryUnit, driver_version: str = "") -> Obj:
         },
         "allowMultipleAllocations": True,
     }
+    if not gpu.healthy and unhealthy == DRA_UNHEALTHY_TAINT:
+        out["taints"] = [{"key": DRA_TAINT_UNHEALTHY, "effect": "NoSchedule"}]
+    return out
 
 
-def offered(gpus: Sequence[Gpu], unit: MemoryUnit) -> list[Gpu]:
-    """The GPUs the slice lists: healthy ones with at least one unit of memory."""
-    return [g for g in gpus if g.healthy and capacity_mib(g, unit) >= unit.mib]
+def offered(gpus: Sequence[Gpu], unit: MemoryUnit, unhealthy: str = DRA_UNHEALTHY_WITHDRAW) -> list[Gpu]:
+    """The GPUs the slice lists: those with at least one unit of memory, healthy ones only unless tainting."""
+    if unhealthy not in (DRA_UNHEALTHY_WITHDRAW, DRA_UNHEALTHY_TAINT):
+        raise ValueError(f"unhealthy GPUs: {unhealthy!r} is neither withdraw nor taint")
+    keep_unhealthy = unhealthy == DRA_UNHEALTHY_TAINT
+    return [g for g in gpus if (g.healthy or keep_unhealthy) and capacity_mib(g, unit) >= unit.mib]
 
 
-def slice_spec(node: str, gpus: Sequence[Gpu], unit: MemoryUnit, generation: int, driver_version: str = "") -> Obj:
+def slice_spec(
+    node: str,
+    gpus: Sequence[Gpu],
+    unit: MemoryUnit,
+    generation: int,
+    driver_version: str = "",
+    unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
+) -> Obj:
     """The spec of the node's one slice; `generation` is the pool's (bumped on every change)."""
     return {
         "driver": DRA_DRIVER_NAME,
         "nodeName": node,
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-        "devices": [device(g, unit, driver_version) for g in offered(gpus, unit)],
+        "devices": [device(g, unit, driver_version, unhealthy) for g in offered(gpus, unit, unhealthy)],
     }
 
 
@@ -96,13 +113,20 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRA_DRIVER_NAME}"
 
 
-def resource_slice(node: str, gpus: Sequence[Gpu], unit: MemoryUnit, generation: int, driver_version: str = "") -> Obj:
+def resource_slice(
+    node: str,
+    gpus: Sequence[Gpu],
+    unit: MemoryUnit,
+    generation: int,
+    driver_version: str = "",
+    unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
+) -> Obj:
     """The whole ResourceSlice object to create."""
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",
         "metadata": {"name": slice_name(node)},
-        "spec": slice_spec(node, gpus, unit, generation, driver_version),
+        "spec": slice_spec(node, gpus, unit, generation, driver_version, unhealthy),
     }
 
 
@@ -122,9 +146,26 @@ def same_devices(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
                     d.get("attributes") or {},
                     {k: (v.get("value"), v.get("requestPolicy")) for k, v in (d.get("capacity") or {}).items()},
                     bool(d.get("allowMultipleAllocations")),
+                    sorted((t.get("key"), t.get("value", ""), t.get("effect")) for t in d.get("taints") or []),
                 )
                 for d in spec.get("devices") or []
             ],
         )
 
     return ours(current) == ours(wanted)
+
+
+def sharing_dropped(served: Mapping[str, Any], wanted: Mapping[str, Any] | None = None) -> str:
+    """What of the sharing fields a served slice spec lacks ("" when intact): an API server with the
+    DRAConsumableCapacity gate off drops `allowMultipleAllocations` and the capacity's `requestPolicy`, one
+    with DRADeviceTaints off drops the `taints` we asked for (`wanted`)."""
+    missing = set()
+    asked = {d["name"] for d in (wanted or {}).get("devices") or [] if d.get("taints")}
+    if any(d.get("name") in asked and not d.get("taints") for d in served.get("devices") or []):
+        missing.add("taints (DRADeviceTaints)")
+    for d in served.get("devices") or []:
+        if not d.get("allowMultipleAllocations"):
+            missing.add("allowMultipleAllocations")
+        if any("requestPolicy" not in c for c in (d.get("capacity") or {}).values()):
+            missing.add("capacity.requestPolicy")
+    return ", ".join(sorted(missing))

@@ -42,8 +42,10 @@ def test_registration_answers_what_kubelets_plugin_watcher_needs(servers) -> Non
         assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
             "DRAPlugin", "gpushare.io", str(tmp / "p" / "dra.sock"), ["v1.DRAPlugin"]
         )  # fmt: skip
+        kicked: list[bool] = []
+        s.registration.on_registered = lambda: kicked.append(True)
         stub.NotifyRegistrationStatus(regpb.RegistrationStatus(plugin_registered=True), timeout=5)
-        assert s.registration.registered.is_set()
+        assert s.registration.registered.is_set() and kicked == [True]
         stub.NotifyRegistrationStatus(regpb.RegistrationStatus(plugin_registered=False, error="no"), timeout=5)
         assert not s.registration.registered.is_set() and s.registration.last_error == "no"
 

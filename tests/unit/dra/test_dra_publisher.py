@@ -87,3 +87,38 @@ def test_run_syncs_on_a_kick_and_stops() -> None:
     pub.kick.set()
     t.join(5)
     assert not t.is_alive()
+
+
+def test_an_api_server_without_consumable_capacity_is_named(caplog) -> None:  # type: ignore[no-untyped-def]
+    class GateOff(FakeDraApi):
+        def create_slice(self, obj):  # type: ignore[no-untyped-def]
+            stored = super().create_slice(obj)
+            for d in stored["spec"]["devices"]:
+                d.pop("allowMultipleAllocations")
+                d["capacity"]["memory"].pop("requestPolicy")
+            return stored
+
+    SlicePublisher(GateOff(), "n1", Gpus()).sync()
+    (msg,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "allowMultipleAllocations, capacity.requestPolicy" in msg and "DRAConsumableCapacity" in msg
+
+
+def test_taint_mode_taints_and_untaints() -> None:
+    api, gpus = FakeDraApi(), Gpus()
+    pub = SlicePublisher(api, "n1", gpus, unhealthy="taint")
+    pub.sync()
+    gpus.set_healthy(0, False)
+    assert pub.sync() is True
+    d0, d1 = api.slices["n1-gpushare.io"]["spec"]["devices"]
+    assert d0["taints"][0]["key"] == "gpushare.io/unhealthy" and "taints" not in d1
+    gpus.set_healthy(0, True)
+    pub.sync()
+    assert all("taints" not in d for d in api.slices["n1-gpushare.io"]["spec"]["devices"])
+
+
+def test_registration_kicks_a_sync_now_and_again_soon() -> None:
+    pub = SlicePublisher(FakeDraApi(), "n1", Gpus())
+    pub.kick_after_registration((0.0, 0.2))
+    assert pub.kick.wait(1)
+    pub.kick.clear()
+    assert pub.kick.wait(1)  # the later one: a wipe after our first sync is repaired

@@ -88,3 +88,32 @@ def test_names_are_stable_and_dns_safe() -> None:
 
 def test_quantity() -> None:
     assert [slices.quantity(m) for m in (1024, 81920, 1, 1536)] == ["1Gi", "80Gi", "1Mi", "1536Mi"]
+
+
+def test_sharing_dropped_names_what_the_api_server_removed() -> None:
+    spec = slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 1)
+    assert slices.sharing_dropped(spec) == ""
+    del spec["devices"][0]["allowMultipleAllocations"]
+    assert slices.sharing_dropped(spec) == "allowMultipleAllocations"
+
+
+def test_taint_mode_keeps_an_unhealthy_gpu_listed_with_a_noschedule_taint() -> None:
+    spec = slices.slice_spec("n", [gpu(0, 16), gpu(1, 16, healthy=False)], MemoryUnit.GiB, 1, unhealthy="taint")
+    d0, d1 = spec["devices"]
+    assert "taints" not in d0
+    assert d1["name"] == "gpu-1" and d1["taints"] == [{"key": "gpushare.io/unhealthy", "effect": "NoSchedule"}]
+    healthy_again = slices.slice_spec("n", [gpu(0, 16), gpu(1, 16)], MemoryUnit.GiB, 1, unhealthy="taint")
+    assert not slices.same_devices(spec, healthy_again)
+    # The API server adds timeAdded: not a change.
+    served = slices.slice_spec("n", [gpu(0, 16), gpu(1, 16, healthy=False)], MemoryUnit.GiB, 2, unhealthy="taint")
+    served["devices"][1]["taints"][0]["timeAdded"] = "2026-11-22T23:00:00Z"
+    assert slices.same_devices(spec, served)
+    with pytest.raises(ValueError, match="neither withdraw nor taint"):
+        slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 1, unhealthy="ignore")
+
+
+def test_dropped_taints_are_named() -> None:
+    wanted = slices.slice_spec("n", [gpu(0, 16, healthy=False)], MemoryUnit.GiB, 1, unhealthy="taint")
+    served = slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 1)
+    assert slices.sharing_dropped(served, wanted) == "taints (DRADeviceTaints)"
+    assert slices.sharing_dropped(wanted, wanted) == ""
