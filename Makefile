@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-matrix unit integration demo lint venv k8s-bins node-deps node-images image-deps image proto bench clean
+.PHONY: test test-matrix unit integration demo lint venv k8s-bins containerd node-deps node-images image-deps image proto bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,11 @@ venv: $(STAMP)
 k8s-bins:
 	hack/build-k8s.sh >/dev/null
 
-# A real test node (tests/node): containerd, runc, CNI plugins, busybox, a C compiler (apt, when missing)
+# The real test node's runtime: containerd v2 (CDI), its runc shim and ctr, from the Go module; cached
+containerd:
+	hack/build-containerd.sh >/dev/null
+
+# A real test node (tests/node): runc, CNI plugins, busybox, a C compiler (apt, when missing)
 node-deps:
 	hack/node-deps.sh
 
@@ -47,22 +51,22 @@ lint: venv
 unit: venv
 	$(PY) -m pytest tests -m 'not integration' -q
 
-integration: venv k8s-bins node-deps node-images image
+integration: venv k8s-bins containerd node-deps node-images image
 	$(PY) -m pytest tests -m integration -q
 
 # Every test, the control plane ones included: a missing binary or a control plane that
 # cannot start fails the run; nothing is skipped. Then the integration tier again on the oldest
 # supported Kubernetes (its own binaries and images, cached per version).
-test: venv k8s-bins node-deps node-images image lint
+test: venv k8s-bins containerd node-deps node-images image lint
 	$(PY) -m pytest tests -q
 	PYTHON=$(abspath $(PY)) hack/test-matrix.sh --oldest
 
 # The integration tier on each supported minor at its newest patch (hack/build-k8s.sh --list);
 # `hack/test-matrix.sh 1.33 1.37` runs some. GPUSHARE_K8S_VERSION=1.33 picks one for any pytest run.
-test-matrix: venv node-deps image-deps
+test-matrix: venv containerd node-deps image-deps
 	PYTHON=$(abspath $(PY)) hack/test-matrix.sh
 
-demo: venv k8s-bins node-deps
+demo: venv k8s-bins containerd node-deps
 	$(PY) -m hack.demo
 
 bench: venv

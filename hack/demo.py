@@ -3,9 +3,9 @@ landed, as `kubectl inspect gpushare` shows it.
 
 Everything runs on loopback: etcd, kube-apiserver and kube-scheduler built from upstream by
 hack/build-k8s.sh, our extender and a device plugin per node. Where the machine allows it (root, Debian's
-containerd and runc installable), one node is real: the upstream kubelet with containerd and runc, real
-containers from an image built here, and the demo prints what a container printed. The other nodes use
-the kubelet stand-in; the demo says plainly when it cannot run the real one.
+runc installable, containerd v2 built by hack/build-containerd.sh), one node is real: the upstream kubelet
+with containerd and runc, real containers from an image built here, and the demo prints what a container
+printed. The other nodes use the kubelet stand-in; the demo says plainly when it cannot run the real one.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ from share_core.contract import (
 from share_plugin.backend import Gpu
 from share_plugin.matcher import gpu_env
 
-# Env-only edits need nothing newer; every CDI-capable runtime reads 0.5.0.
-CDI_VERSION = "0.5.0"
+# The spec-level `annotations` need 0.6.0: a runtime's CDI library rejects an older version that uses them
+# ("the spec version must be at least v0.6.0", specs-go version.go requiresV060; seen with containerd 2.4).
+CDI_VERSION = "0.6.0"
 
 _SUFFIXES = {
     "Ki": 1024,

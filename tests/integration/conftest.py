@@ -106,9 +106,11 @@ def pytest_runtest_makereport(
     cluster = getattr(item, "funcargs", {}).get("gpu_cluster")
     if report.failed and isinstance(cluster, GpuCluster):
         report.sections.append(("gpushare process logs", cluster.logs(80)))
-    dra = getattr(item, "funcargs", {}).get("dra_cluster")  # tests/integration/test_dra.py
+    funcargs = getattr(item, "funcargs", {})
+    # tests/integration/test_dra.py, test_realkubelet_dra.py
+    dra = funcargs.get("dra_cluster") or funcargs.get("dra_real")
     if report.failed and dra is not None:
-        report.sections.append(("control plane and share-dra logs", dra.logs()))
+        report.sections.append(("control plane, node and share-dra logs", dra.logs()))
     node = getattr(item, "funcargs", {}).get("real_node")
     if report.failed and isinstance(node, RealNode):
         report.sections.append(("real node logs (kubelet, containerd)", node.logs(80)))

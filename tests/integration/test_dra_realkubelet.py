@@ -2,8 +2,8 @@
 our registration socket under `<root-dir>/plugins_registry`, asks GetInfo, validates the services we offer
 against its own (`v1.DRAPlugin`, pkg/kubelet/cm/dra/plugin) and tells us the outcome.
 
-NodePrepareResources through the real kubelet and a CDI-capable containerd is issue 14's CDI work
-(branch issue-14-cdi), which runs this plugin the same way.
+NodePrepareResources through the real kubelet and containerd v2 (CDI), the container's env and
+NodeUnprepareResources: tests/integration/test_realkubelet_dra.py, which runs this plugin the same way.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""Used memory, enforcement and device list strategies on the real node (upstream kubelet, containerd 1.6, runc).
+"""Used memory, enforcement and device list strategies on the real node (upstream kubelet, containerd 2, runc).
 
 The sim backend stands in for NVML only: it lists, as the GPU's compute process, the REAL host PID of a
 running container (found with `ctr task ls`, containerd's own view). The plugin maps that PID through the
 real `/proc/<pid>/cgroup` kubelet and containerd made, and the real pod status, to the pod and container;
 its metrics endpoint is scraped over HTTP, its Event and node annotation read from the API server, and in
 kill mode it really ends the container's process. Each device list strategy's Allocate response is read back
-from kubelet's own device checkpoint (what kubelet hands the runtime), and the container starts.
+from kubelet's own device checkpoint (what kubelet hands the runtime), and the container starts with it:
+with cdi-cri, containerd applies a CDI spec from the node's CDI directory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from share_core.assignment import parse_assignment, pod_annotations
 from share_core.contract import ANN_NODE_GPU_USAGE, EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED
+from share_core.gpus import node_gpus
 from share_core.gpuusage import parse_gpu_usage
 from share_inspect.report import build_report, report_to_dict
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
@@ -222,18 +224,78 @@ def test_volume_mounts_reach_the_container(mon: Monitored, rns: str) -> None:
         mon.restart()
 
 
-def test_cdi_devices_reach_kubelet_and_containerd_16_starts_the_container(mon: Monitored, rns: str) -> None:
-    """kubelet puts the CDI names in the CRI CreateContainer request (kuberuntime_container.go makeCDIDevices);
-    containerd 1.6 does not know the field and starts the container without them (1.7+ with enable_cdi
-    resolves them, and fails the container when the node has no CDI spec for the name)."""
+CDI_MOUNT_DIR = "/run/gpushare-cdi"
+LIST_CDI = [
+    "sh",
+    "-c",
+    f'env; for f in {CDI_MOUNT_DIR}/*; do [ -f "$f" ] && echo GPUSHARE_TEST_MOUNT=$(cat "$f"); done; '
+    f"echo {ENV_END}; exec sleep 86400",
+]
+
+
+def write_test_cdi_spec(node: RealNode, uuids: list[str]) -> Path:
+    """A test-only CDI spec (format: the CDI spec, cdiVersion 0.6.0) in the node's CDI directory, in the
+    place of the one `nvidia-ctk cdi generate` writes: each `nvidia.com/gpu=<uuid>` injects an env variable
+    and a read-only bind mount of a file holding its UUID. Returns the spec file."""
+    files = node.workdir / "cdi-files"
+    files.mkdir(exist_ok=True)
+    devices = []
+    for uuid in uuids:
+        (files / uuid).write_text(uuid)
+        edits = {
+            "env": [f"GPUSHARE_TEST_CDI_DEVICE={uuid}"],
+            "mounts": [
+                {"hostPath": str(files / uuid), "containerPath": f"{CDI_MOUNT_DIR}/{uuid}", "options": ["ro", "bind"]}
+            ],
+        }
+        devices.append({"name": uuid, "containerEdits": edits})
+    spec = node.cdi_dir / "gpushare-test-nvidia.json"
+    spec.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": devices}))
+    return spec
+
+
+def test_cdi_devices_are_injected_by_containerd(mon: Monitored, rns: str) -> None:
+    """cdi-cri end to end: kubelet puts the plugin's CDI names in the CRI CreateContainer request
+    (kuberuntime_container.go makeCDIDevices) and containerd 2 resolves them against the specs in its
+    cdi_spec_dirs: the container sees the env and the mount the spec of its GPU defines, and no
+    NVIDIA_VISIBLE_DEVICES (the device list is in the CDI name, not in an env a pod could forge)."""
+    uuids = [g.uuid for g in node_gpus(mon.node.cluster.admin.get_node(mon.node.name))]
+    assert len(uuids) == 2 and all(uuids)
+    spec = write_test_cdi_spec(mon.node.node, uuids)
     mon.restart("--device-list-strategy", "cdi-cri")
     try:
-        pod = run_pod(mon, rns, "cdi", 2)
+        pod = run_pod(mon, rns, "cdi", 2, LIST_CDI)
         _, uuid = gpu_of(pod)
         resp = checkpointed_response(mon.node.node, pod)
         assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
-        env = mon.node.env_of(pod)["c0"]
+        env = wait_for(lambda: env_from_log(mon.node.container_log(pod, "c0")), 60, "the container's env")
+        assert env["GPUSHARE_TEST_CDI_DEVICE"] == uuid  # the spec's containerEdits.env
+        assert env["GPUSHARE_TEST_MOUNT"] == uuid  # its mount: only this GPU's file
         assert "NVIDIA_VISIBLE_DEVICES" not in env and env["GPUSHARE_MEM_LIMIT_MIB"] == "2048"
+    finally:
+        spec.unlink(missing_ok=True)
+        mon.restart()
+
+
+def test_a_cdi_device_without_a_spec_fails_the_container(mon: Monitored, rns: str) -> None:
+    """With CDI applied, a name no spec defines is an error, not a silent no-op (containerd 1.6 started
+    such containers without the device): the container is not created and the pod says why."""
+    mon.restart("--device-list-strategy", "cdi-cri")
+    try:
+        pod = mon.node.pod("nospec", rns, 2)
+        mon.node.cluster.create_pod(pod)
+
+        def waiting() -> dict[str, Any] | None:
+            status = mon.node.cluster.admin.get_pod(rns, "nospec").get("status") or {}
+            for c in status.get("containerStatuses") or []:
+                w = (c.get("state") or {}).get("waiting") or {}
+                if w.get("reason") == "CreateContainerError":
+                    return w
+            return None
+
+        w = wait_for(waiting, 60, "CreateContainerError")
+        _, uuid = gpu_of(mon.node.cluster.admin.get_pod(rns, "nospec"))
+        assert "unresolvable CDI devices" in w["message"] and f"nvidia.com/gpu={uuid}" in w["message"]
     finally:
         mon.restart()
 

@@ -1,24 +1,28 @@
-"""A real Kubernetes node for integration tests: Debian's containerd + runc and the upstream kubelet.
+"""A real Kubernetes node for integration tests: containerd v2 + Debian's runc and the upstream kubelet.
 
 The kubelet registers to a `ControlPlane` as `system:node:<name>` and runs real containers from
 images we build ourselves (hack/build-node-images.sh; nothing is ever pulled). Our device plugin
-registers with it exactly as in production.
+registers with it exactly as in production. containerd is the upstream v2 release
+hack/build-containerd.sh builds (Debian's 1.6 knows no CDI): CDI specs in `workdir/cdi` are applied to
+containers that kubelet asks for CDI devices (DRA claims, device plugins' `cdi_devices`).
 
 Layout (everything under `workdir`, nothing in the host's /var/lib/kubelet or /run/containerd):
 
 * A "holder" process (`unshare --mount`, then `sleep infinity`) owns a private mount namespace in
   which `/var/lib/kubelet/device-plugins` (compiled into kubelet) is a bind mount of
-  `workdir/device-plugins`, `/run/containerd` (where containerd 1.6 puts shim sockets whatever its
+  `workdir/device-plugins`, `/run/containerd` (where containerd puts shim sockets whatever its
   config says) and `/var/log/containers` (kubelet's legacy log symlinks) are private, and the six
   sysctls kubelet would otherwise rewrite on the host read back the values it wants. containerd and
   kubelet are started in that namespace with `nsenter`, so both see the same mounts (kubelet's
   tmpfs volumes must be visible to containerd). The device plugin runs in the host namespace and
   uses `workdir/device-plugins` and `<root-dir>/pod-resources/kubelet.sock` directly: a unix socket
-  is found by its inode, so the bind mount is transparent to it.
+  is found by its inode, so the bind mount is transparent to it. DRA plugins register in
+  `<root-dir>/plugins_registry` and serve under `<root-dir>/plugins` (kubelet derives both from
+  --root-dir), so they need no bind mount.
 * cgroups under a cgroupRoot of our own (`/gpushare-<name>-<random>`) in every hierarchy.
 * Pods on the host network just work; the others get eth0 on a bridge of our own (`gps<random>`,
   CNI bridge + host-local, no address on the host side, no masquerading): pods reach each other,
-  nothing on the host is routed to them. containerd 1.6 refuses a loopback-only network.
+  nothing on the host is routed to them. containerd refuses a loopback-only network.
 * kubelet runs with `--cloud-provider=external`: it then keeps the addresses someone else set on
   its Node. We set `InternalIP 127.0.0.1` (kubelet refuses a loopback --node-ip) and lift the
   `node.cloudprovider.kubernetes.io/uninitialized` taint, as a cloud controller would; the API
@@ -54,11 +58,12 @@ from share_core.kube import ApiServerClient, KubeError, NotFound, load_configura
 from tests.controlplane.cluster import LOOPBACK, ControlPlane, ControlPlaneError, ManagedProcess, free_ports, tail
 
 from . import host
+from .containerd import ContainerdBuildError, containerd_bin_dir
 from .images import NodeImages, node_images
 
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # kubelet's, compiled in (v1beta1.DevicePluginPath)
 DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"  # kubelet's device manager state, in that directory
-SHIM_STATE_PATH = "/run/containerd"  # containerd 1.6: shim sockets in /run/containerd/s, always
+SHIM_STATE_PATH = "/run/containerd"  # containerd puts shim sockets in /run/containerd/s, always
 LEGACY_LOG_PATH = "/var/log/containers"  # kubelet: symlinks to container logs, always
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 POD_SUBNET = "10.244.0.0/24"  # on the node's own bridge only: not routed on the host
@@ -73,7 +78,10 @@ KUBELET_SYSCTLS = {
     "kernel/keys/root_maxkeys": 1000000,
     "kernel/keys/root_maxbytes": 25000000,
 }
-REQUIRED_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "unshare", "nsenter", "mount", "ip")
+# containerd, containerd-shim-runc-v2 and ctr come from hack/build-containerd.sh; runc is Debian's.
+REQUIRED_COMMANDS = ("runc", "unshare", "nsenter", "mount", "ip")
+PLUGINS_REGISTRY = "plugins_registry"  # kubelet's DefaultKubeletPluginsRegistrationDirName, under --root-dir
+PLUGINS = "plugins"  # kubelet's DefaultKubeletPluginsDirName, under --root-dir
 
 
 class RealNodeError(ControlPlaneError):
@@ -120,11 +128,14 @@ class RealNode:
         status_update_seconds: int = 1,
         pod_subnet: str = POD_SUBNET,
         pod_gateway: bool = False,
+        containerd_dir: Path | str | None = None,
     ) -> None:
         self.cp = cp
         self.name = name
         self.workdir = Path(workdir).resolve()
         self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else cp.bin_dir
+        # containerd, containerd-shim-runc-v2, ctr: hack/build-containerd.sh's (found at start()).
+        self._containerd_bin = Path(containerd_dir).resolve() if containerd_dir is not None else None
         self._images = images
         self.status_update_seconds = status_update_seconds
         # pod_gateway: the bridge gets the subnet's first address on the host side and pods a default
@@ -136,6 +147,9 @@ class RealNode:
         self.containerd_dir = self.workdir / "containerd"
         self.kubelet_root = self.workdir / "kubelet"
         self.device_plugin_dir = self.workdir / "device-plugins"
+        # containerd's only CDI spec directory (cdi_spec_dirs): the host's /etc/cdi and /var/run/cdi
+        # are not read, so a test's specs stay its own.
+        self.cdi_dir = self.workdir / "cdi"
         self.containerd_socket = self.containerd_dir / "containerd.sock"
         suffix = secrets.token_hex(3)
         self.cgroup_root = f"gpushare-{name}-{suffix}"
@@ -166,6 +180,26 @@ class RealNode:
         return self.kubelet_root / "pod-resources" / "kubelet.sock"
 
     @property
+    def plugins_registry_dir(self) -> Path:
+        """Where kubelet's plugin watcher finds registration sockets (DRA drivers, CSI)."""
+        return self.kubelet_root / PLUGINS_REGISTRY
+
+    @property
+    def plugins_dir(self) -> Path:
+        """kubelet's plugins directory (a DRA driver's service socket goes in `<dir>/<driver>/`)."""
+        return self.kubelet_root / PLUGINS
+
+    @property
+    def containerd_bin(self) -> Path:
+        """The directory of containerd, its runc shim and ctr (hack/build-containerd.sh)."""
+        if self._containerd_bin is None:
+            try:
+                self._containerd_bin = containerd_bin_dir()
+            except ContainerdBuildError as exc:
+                raise RealNodeError(f"no containerd for node {self.name}: {exc}") from exc
+        return self._containerd_bin
+
+    @property
     def kubelet_pid(self) -> int | None:
         return self._kubelet.pid if self._kubelet is not None else None
 
@@ -182,6 +216,7 @@ class RealNode:
             for cmd in REQUIRED_COMMANDS:
                 _which(cmd)
             self._cni_bin_dir()
+            self.containerd_bin  # noqa: B018 - builds or finds containerd before anything starts
             if not (self.bin_dir / "kubelet").is_file():
                 raise RealNodeError(f"no kubelet in {self.bin_dir}; run hack/build-k8s.sh")
             images = self.images
@@ -260,7 +295,7 @@ class RealNode:
             else:
                 self._cgroups_created = False
         self._mountpoints.release()
-        for d in (self.containerd_dir, self.kubelet_root):
+        for d in (self.containerd_dir, self.kubelet_root, self.cdi_dir):
             shutil.rmtree(d, ignore_errors=True)
         if errors:
             raise RealNodeError(f"node {self.name} cleanup incomplete: " + " | ".join(errors))
@@ -300,7 +335,9 @@ class RealNode:
     def ctr(self, *args: str, check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """`ctr` against our containerd, namespace k8s.io (the CRI's), run in the node's mount namespace
         (its client side makes fifos under /run/containerd)."""
-        argv = self._nsenter(_which("ctr"), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args)
+        argv = self._nsenter(
+            str(self.containerd_bin / "ctr"), "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args
+        )
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise self._fail(f"ctr {' '.join(args)} failed ({result.returncode}): {result.stdout}{result.stderr}")
@@ -326,11 +363,11 @@ class RealNode:
         raise RealNodeError("no CNI bridge plugin: run hack/node-deps.sh (installs containernetworking-plugins)")
 
     def _prepare_dirs(self) -> None:
-        for d in (self.log_dir, self.containerd_dir, self.kubelet_root, self.device_plugin_dir):
+        for d in (self.log_dir, self.containerd_dir, self.kubelet_root, self.device_plugin_dir, self.cdi_dir):
             d.mkdir(parents=True, exist_ok=True)
         for d in ("root", "state", "runc", "opt", "cni/net.d"):
             (self.containerd_dir / d).mkdir(parents=True, exist_ok=True)
-        for d in ("pod-logs", "container-logs", "volume-plugins", "pki", "sysctl"):
+        for d in ("pod-logs", "container-logs", "volume-plugins", "pki", "sysctl", PLUGINS_REGISTRY, PLUGINS):
             (self.kubelet_root / d).mkdir(parents=True, exist_ok=True)
         for key, value in KUBELET_SYSCTLS.items():
             (self.kubelet_root / "sysctl" / key.replace("/", ".")).write_text(f"{value}\n")
@@ -369,47 +406,51 @@ class RealNode:
         return [_which("nsenter"), f"--mount=/proc/{self._holder.pid}/ns/mnt", "--", *argv]
 
     def _containerd_config(self) -> str:
+        """containerd v2's config, version 3: the CRI plugin split into images, runtime and server parts."""
         c = self.containerd_dir
-        cri = {
-            "sandbox_image": self.images.pause.ref,
+        images = {
+            "snapshotter": "overlayfs",
+            "pinned_images": {"sandbox": self.images.pause.ref},  # the pod sandbox (never pulled)
+        }
+        runtime = {
             # root here may lack CAP_SYS_RESOURCE: without this every sandbox fails to start
             # ("can't get final child's PID from pipe").
             "restrict_oom_score_adj": True,
             "disable_apparmor": True,  # no profile to load on a test host
             "netns_mounts_under_state_dir": True,  # pod netns under our state dir, not /run/netns
-            "stream_server_address": LOOPBACK,
-            "stream_server_port": "0",
             "enable_selinux": False,
-            "cni": {"bin_dir": self._cni_bin_dir(), "conf_dir": str(c / "cni" / "net.d")},
+            # CDI is always on in containerd 2: the devices kubelet names (DRA claims, a device plugin's
+            # cdi_devices) are resolved against the specs in these directories, and a name without a
+            # spec fails the container.
+            "cdi_spec_dirs": [str(self.cdi_dir)],
+            "cni": {"bin_dirs": [self._cni_bin_dir()], "conf_dir": str(c / "cni" / "net.d")},
             "containerd": {
-                "snapshotter": "overlayfs",
                 "default_runtime_name": "runc",
                 "runtimes": {
                     "runc": {
                         "runtime_type": "io.containerd.runc.v2",
-                        "options": {"SystemdCgroup": False, "Root": str(c / "runc")},
+                        # Debian's runc; the shim is hack/build-containerd.sh's (found on containerd's PATH)
+                        "options": {"SystemdCgroup": False, "Root": str(c / "runc"), "BinaryName": _which("runc")},
                     }
                 },
             },
         }
+        server = {"stream_server_address": LOOPBACK, "stream_server_port": "0"}
         config = {
-            "version": 2,
+            "version": 3,
             "root": str(c / "root"),
             "state": str(c / "state"),
             "oom_score": 0,
             "disabled_plugins": [
-                "io.containerd.snapshotter.v1.aufs",
-                "io.containerd.snapshotter.v1.btrfs",
-                "io.containerd.snapshotter.v1.devmapper",
-                "io.containerd.snapshotter.v1.zfs",
-                "io.containerd.internal.v1.tracing",
-                "io.containerd.tracing.processor.v1.otlp",
+                "io.containerd.snapshotter.v1.blockfile",
+                "io.containerd.snapshotter.v1.erofs",
             ],
             "grpc": {"address": str(self.containerd_socket)},
             "ttrpc": {"address": str(c / "containerd.sock.ttrpc")},
             "plugins": {
-                "io.containerd.grpc.v1.cri": cri,
-                "io.containerd.internal.v1.opt": {"path": str(c / "opt")},
+                "io.containerd.cri.v1.images": images,
+                "io.containerd.cri.v1.runtime": runtime,
+                "io.containerd.grpc.v1.cri": server,
             },
         }
         return _toml(config)
@@ -437,9 +478,12 @@ class RealNode:
         (c / "cni" / "net.d" / "10-gpushare.conflist").write_text(json.dumps(conflist))
         self._containerd = ManagedProcess(
             "containerd",
-            self._nsenter(_which("containerd"), "--config", str(c / "config.toml"), "--log-level", "info"),
+            self._nsenter(
+                str(self.containerd_bin / "containerd"), "--config", str(c / "config.toml"), "--log-level", "info"
+            ),
             self.log_dir / "containerd.log",
-            env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
+            # containerd starts `containerd-shim-runc-v2` from its PATH: ours first, never Debian's 1.6 one.
+            env={**os.environ, "PATH": f"{self.containerd_bin}:" + os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
         )
 
         def up() -> bool:
@@ -478,7 +522,7 @@ class RealNode:
             },
             "authorization": {"mode": "AlwaysAllow"},  # any client cert of the test CA
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "cgroupDriver": "cgroupfs",  # containerd 1.6 cannot tell kubelet its driver
+            "cgroupDriver": "cgroupfs",  # as containerd's runc runtime (SystemdCgroup = false)
             "cgroupRoot": f"/{self.cgroup_root}",
             "failCgroupV1": False,
             "failSwapOn": False,
@@ -499,6 +543,8 @@ class RealNode:
             "nodeStatusUpdateFrequency": f"{self.status_update_seconds}s",
             "registerNode": True,
         }
+        if self.cp.feature_gates:  # gates the control plane runs with (e.g. DRAConsumableCapacity before 1.36)
+            config["featureGates"] = dict(self.cp.feature_gates)
         (self.kubelet_root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def _start_kubelet(self, timeout: float) -> None:
