@@ -373,16 +373,20 @@ def prioritize(
 
 
 def best_nodes(scores: Mapping[str, float]) -> list[str]:
-    """The nodes the policy would choose among: those with its highest score, in request order
-    (-inf: does not fit; the memoised score decides fit and rank in one lookup per node).
+    """The one node the policy chooses: its highest score, ties to the lowest node name; [] if the pod
+    fits nowhere (-inf: does not fit; the memoised score decides fit and rank in one lookup per node).
 
-    Filter returning only these makes prioritize unnecessary: kube-scheduler skips scoring when one
-    node is left (schedulePod, "When only one node after predicate, just use it") and otherwise lets
-    its own score plugins break the policy's ties."""
-    top = max(scores.values(), default=NEG_INF)
-    if top == NEG_INF:
-        return []
-    return [name for name, score in scores.items() if score == top]
+    One node, never the policy's ties: kube-scheduler skips scoring when one node is left
+    (schedulePod, "When only one node after predicate, just use it") and otherwise picks at random
+    among equal scores (selectHost), so the placement would not be reproducible. The lowest name is
+    the rule share-sim follows (first node in input order, and openb's nodes are listed by name), so
+    the cluster and the simulator make the same choice (tests/integration/test_live_vs_sim.py)."""
+    best: str | None = None
+    top = NEG_INF
+    for name, score in scores.items():
+        if score > top or (score == top and best is not None and name < best):
+            best, top = name, score
+    return [] if best is None else [best]
 
 
 def invalid_request_message(pod: Mapping[str, Any], exc: InvalidRequest) -> str:

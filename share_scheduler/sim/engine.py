@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from share_scheduler import placement
@@ -66,8 +67,14 @@ def simulate(
     seed: int,
     tune: float = 1.3,
     thresholds: tuple[int, ...] = THRESHOLDS,
+    order: Sequence[int] | None = None,
+    placements: list[tuple[int, tuple[int, ...]] | None] | None = None,
 ) -> SeedResult:
-    """Run one seed of the protocol with one policy object; see the module docstring."""
+    """Run one seed of the protocol with one policy object; see the module docstring.
+
+    `order`: replay exactly these pod indices instead of the seeded draws (the live-versus-simulated
+    test replays one arrival order both ways); `placements` gets, per arrival, (node index, GPU
+    positions) or None for a pod that failed."""
     started = time.perf_counter()
     rng = random.Random(seed)
     capacity = workload.gpu_capacity
@@ -124,8 +131,11 @@ def simulate(
     curve: list[float] = []
     next_curve = 0.0
 
-    while requested < target:
-        k = rng.randrange(npods)
+    draws = iter(order) if order is not None else None
+    while draws is not None or requested < target:
+        k = rng.randrange(npods) if draws is None else next(draws, -1)
+        if k < 0:
+            break
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]
@@ -172,6 +182,8 @@ def simulate(
                 if ev is not None and ev[0] > best_score:
                     best_score, best_node, best_ev = ev[0], i, ev
 
+        if placements is not None:
+            placements.append(None if best_ev is None else (best_node, best_ev[1]))
         if best_ev is None:
             failed += 1
         else:

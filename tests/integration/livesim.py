@@ -1,0 +1,173 @@
+"""The pure half of the live-versus-simulated test: the openb sample, the arrival order, the objects.
+
+Everything here is plain data and share-sim's own code; `test_live_vs_sim.py` drives the cluster.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from share_core.contract import ANN_GPU_COUNT, ANN_NODE_GPUS, RESOURCE_MEM
+from share_scheduler import placement
+from share_scheduler.placement import Demand, Evaluation, NodeView, Policy
+from share_scheduler.sim.engine import SeedResult, build_policy, simulate
+from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload
+
+OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+GATE = "gpushare.io/live-vs-sim"  # the scheduling gate every arrival waits behind until its turn
+
+Placement = tuple[str, tuple[int, ...]] | None  # (node, GPU indices), or None: the pod failed
+
+
+def sample_nodes(nodes: Sequence[SimNode], count: int, seed: int) -> tuple[SimNode, ...]:
+    """`count` nodes drawn per GPU model in the trace's proportions (largest remainder), listed by name.
+
+    Listed by name because that is where the two tie rules meet: share-sim takes the first node in
+    input order, the extender the lowest name."""
+    by_model: dict[str, list[SimNode]] = defaultdict(list)
+    for n in nodes:
+        by_model[n.model].append(n)
+    quota = {m: count * len(v) / len(nodes) for m, v in by_model.items()}
+    take = {m: int(q) for m, q in quota.items()}
+    for m in sorted(quota, key=lambda m: (take[m] - quota[m], m))[: count - sum(take.values())]:
+        take[m] += 1
+    rng = random.Random(seed)
+    picked = [n for m in sorted(by_model) for n in rng.sample(by_model[m], take[m])]
+    return tuple(sorted(picked, key=lambda n: n.name))
+
+
+def arrival_order(pods: Sequence[SimPod], capacity: int, seed: int, tune: float) -> list[int]:
+    """The protocol's arrivals: pods drawn with replacement in a seeded order until the GPU units asked
+    reach `tune` x capacity (the draws `engine.simulate` makes; the test checks they are the same)."""
+    rng = random.Random(seed)
+    order: list[int] = []
+    requested = 0
+    while requested < tune * capacity:
+        k = rng.randrange(len(pods))
+        order.append(k)
+        requested += pods[k].gpu_request
+    return order
+
+
+class ExtenderView:
+    """A policy seen through what the live path knows, and nothing more.
+
+    kube-scheduler's own filters (NodeResourcesFit) drop the nodes without the pod's CPU and memory
+    before the extender is asked; the extender then scores GPU state only: its cache keeps no CPU
+    (`NodeState.cpu_free` is None) and a pod's demand carries no CPU (`cache.demand_of`). The policy
+    is the same object code either way; only its view is cut to the extender's."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.cacheable = inner.cacheable
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        gpus, cpu_free, memory_free = view
+        if (cpu_free is not None and cpu_free < demand.cpu) or (
+            memory_free is not None and memory_free < demand.memory
+        ):
+            return None  # NodeResourcesFit's Filter, before any extender
+        return self.inner.evaluate((gpus, None, None), _gpu_only(demand))
+
+    def observe(self, demand: Demand) -> None:
+        self.inner.observe(_gpu_only(demand))
+
+
+def _gpu_only(demand: Demand) -> Demand:
+    return Demand(demand.per_gpu, demand.count, demand.models)
+
+
+def simulate_arrivals(
+    nodes: Sequence[SimNode], arrivals: Sequence[SimPod], policy: str, extender_view: bool
+) -> tuple[SeedResult, list[Placement]]:
+    """share-sim's engine over exactly these arrivals, in this order, its policy taught them first.
+
+    `extender_view`: the policy sees what the extender sees (ExtenderView), else share-sim's own view
+    (CPU too)."""
+    workload = Workload(tuple(nodes), tuple(arrivals))
+    if extender_view:
+        chosen: Policy = ExtenderView(placement.make_policy(policy))
+        for pod in arrivals:
+            chosen.observe(pod.demand())
+    else:
+        chosen = build_policy(policy, 0, workload)
+    raw: list[tuple[int, tuple[int, ...]] | None] = []
+    result = simulate(workload, chosen, 0, order=range(len(arrivals)), placements=raw)
+    # All GPUs are healthy and listed by index, so view positions are GPU indices.
+    return result, [None if p is None else (nodes[p[0]].name, tuple(sorted(p[1]))) for p in raw]
+
+
+def allocation_pct(nodes: Sequence[SimNode], arrivals: Sequence[SimPod], placements: Sequence[Placement]) -> float:
+    """GPU units placed / the cluster's capacity, in percent."""
+    capacity = sum(n.gpu_capacity for n in nodes)
+    placed = sum(p.gpu_request for p, where in zip(arrivals, placements, strict=True) if where is not None)
+    return 100.0 * placed / capacity
+
+
+# --------------------------------------------------------------------------- API objects
+
+
+def node_object(node: SimNode) -> dict[str, Any]:
+    """A Node: one GPU of MILLI units per openb GPU (the extender runs with --memory-unit MiB, so a
+    unit is a "MiB" and openb's gpu_milli maps one to one), the model in the annotation."""
+    gpus = [
+        {"index": i, "uuid": f"GPU-{node.name}-{i}", "model": node.model, "memory": mem, "healthy": True}
+        for i, mem in enumerate(node.gpus)
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "labels": {"kubernetes.io/hostname": node.name},
+            "annotations": {ANN_NODE_GPUS: orjson.dumps(gpus).decode()},
+        },
+    }
+
+
+def node_resources(node: SimNode) -> dict[str, str]:
+    """Capacity = allocatable: the trace's CPU and memory, and the GPU units."""
+    return {
+        "cpu": f"{node.cpu or 0}m",
+        "memory": f"{node.memory or 0}Mi",
+        "pods": "1000",  # the protocol has no pod-count limit
+        RESOURCE_MEM: str(node.gpu_capacity),
+    }
+
+
+def pod_object(name: str, pod: SimPod, scheduler: str, pin: str | None = None) -> dict[str, Any]:
+    """An arrival behind the scheduling gate: its trace CPU and memory as real requests, its GPU units
+    as `nvidia.com/gpu-mem` (a multi-GPU pod asks count x per_gpu with `gpushare.io/gpu-count`).
+
+    `pin`: required node affinity to one node (for CPU-only pods, which never reach the extender)."""
+    resources: dict[str, Any] = {"requests": {"cpu": f"{pod.cpu}m", "memory": f"{pod.memory}Mi"}}
+    annotations: dict[str, str] = {}
+    if pod.count:
+        assert pod.per_gpu <= MILLI
+        resources["limits"] = {RESOURCE_MEM: str(pod.per_gpu * pod.count)}
+        if pod.count > 1:
+            annotations[ANN_GPU_COUNT] = str(pod.count)
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "schedulingGates": [{"name": GATE}],
+        "containers": [{"name": "main", "image": "none", "resources": resources}],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if pin is not None:
+        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pin]}]}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations, "labels": {"trace-pod": pod.name}},
+        "spec": spec,
+    }
