@@ -49,6 +49,14 @@ def test_best_breaks_ties_to_the_lowest_node_name(cluster, extender_factory):
     assert body["NodeNames"] == ["empty-1"]
 
 
+def test_best_leaves_a_random_ties_policys_ties_to_kube_scheduler(cluster, extender_factory):
+    # bestfit's ties are meant to be broken at random (the paper's Best-fit; share-sim does it too):
+    # every tied node passes, for kube-scheduler's selectHost to pick from.
+    ext = extender_factory(policy="bestfit").wait_ready()
+    body = ext.call("filter", filter_args(make_pod("p", 8), ["empty-2", "small", "empty-1"]))
+    assert body["NodeNames"] == ["empty-2", "empty-1"]
+
+
 def test_fitting_passes_every_node_the_pod_fits(cluster, extender_factory):
     ext = extender_factory(policy="binpack", filter_keeps="fitting").wait_ready()
     body = ext.call("filter", filter_args(make_pod("p", 4), NAMES))
