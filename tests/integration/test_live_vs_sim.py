@@ -65,6 +65,7 @@ SEED = 7
 NODES = 32
 TUNE = 1.3
 POD_TIMEOUT = 30.0  # seconds one arrival may take to be bound or found unschedulable
+WATCH_SECONDS = 2  # each of the test's pod watches (resumed until the test is done)
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +92,22 @@ class PodWatch:
         self._thread.start()
 
     def _run(self, admin: ApiServerClient, rv: str) -> None:
+        # Short watches, resumed from the last resourceVersion: the last one ends on its own within
+        # WATCH_SECONDS of stop(), so kube-apiserver has no open watch left to wait for at shutdown.
         try:
-            for event in admin.watch_pods(rv, field_selector=f"metadata.namespace={NAMESPACE}", timeout_seconds=600):
-                if event.type not in ("ADDED", "MODIFIED", "DELETED"):
-                    continue
-                name = event.object["metadata"]["name"]
-                with self.changed:
-                    if event.type == "DELETED":
-                        self.deleted.add(name)
-                    self.pods[name] = event.object
-                    self.changed.notify_all()
-                if self._stop.is_set():
-                    return
+            while not self._stop.is_set():
+                for event in admin.watch_pods(
+                    rv, field_selector=f"metadata.namespace={NAMESPACE}", timeout_seconds=WATCH_SECONDS
+                ):
+                    rv = event.object.get("metadata", {}).get("resourceVersion") or rv
+                    if event.type not in ("ADDED", "MODIFIED", "DELETED"):
+                        continue
+                    name = event.object["metadata"]["name"]
+                    with self.changed:
+                        if event.type == "DELETED":
+                            self.deleted.add(name)
+                        self.pods[name] = event.object
+                        self.changed.notify_all()
         except BaseException as exc:  # surfaced by outcome(): a dead watch must not look like a slow pod
             with self.changed:
                 self.error = exc
@@ -127,6 +132,7 @@ class PodWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread.join(WATCH_SECONDS + 5)
 
 
 def _unschedulable(pod: dict[str, Any]) -> bool:
