@@ -60,7 +60,6 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "live-vs-sim"
 SCHEDULER = "gpushare-live-vs-sim"
-POLICY = "frag"
 SEED = 7
 NODES = 32
 TUNE = 1.3
@@ -68,9 +67,9 @@ POD_TIMEOUT = 30.0  # seconds one arrival may take to be bound or found unschedu
 WATCH_SECONDS = 2  # each of the test's pod watches (resumed until the test is done)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A control plane of its own: no other test's nodes may be offered to this scheduler."""
+    """A control plane of its own per run: no other run's nodes or pods may be seen by this one."""
     cp = ControlPlane(tmp_path_factory.mktemp("live-vs-sim-plane"), k8s_bin_dir)
     cp.start()
     try:
@@ -169,6 +168,7 @@ def _create_nodes(admin: ApiServerClient, nodes: list[livesim.SimNode]) -> None:
 def run_live(
     cp: ControlPlane,
     workdir: Path,
+    policy: str,
     nodes: list[livesim.SimNode],
     arrivals: list[livesim.SimPod],
     pins: list[str | None],
@@ -191,7 +191,7 @@ def run_live(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "share_scheduler.cli", "--port", str(port), "--bind-address", "127.0.0.1",
-            "--kubeconfig", str(cp.admin_kubeconfig), "--policy", POLICY, "--memory-unit", "MiB",
+            "--kubeconfig", str(cp.admin_kubeconfig), "--policy", policy, "--memory-unit", "MiB",
             "--filter-keeps", "best", "--threads", "4", "--log-level", "INFO"]  # fmt: skip
     extender = ManagedProcess("extender", argv, workdir / "extender.log")
     scheduler = None
@@ -237,7 +237,16 @@ def run_live(
         extender.stop()
 
 
-def test_live_placements_equal_share_sim(plane: ControlPlane, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("policy", "extender_view"),
+    [
+        # binpack scores no CPU: share-sim's own run is what the extender does, no view cut needed.
+        ("binpack", False),
+        # frag's score weighs CPU in share-sim, which the extender does not see: the view is cut.
+        ("frag", True),
+    ],
+)
+def test_live_placements_equal_share_sim(plane: ControlPlane, tmp_path: Path, policy: str, extender_view: bool) -> None:
     started = time.monotonic()
     trace = load_openb(livesim.OPENB / "openb_node_list_gpu_node.csv", livesim.OPENB / "openb_pod_list_default.csv")
     nodes = list(livesim.sample_nodes(trace.nodes, NODES, SEED))
@@ -256,13 +265,13 @@ def test_live_placements_equal_share_sim(plane: ControlPlane, tmp_path: Path) ->
     multi = sum(1 for p in arrivals if p.count > 1)
     assert cpu_only > 0 and multi > 0, (cpu_only, multi)
 
-    sim, expected = livesim.simulate_arrivals(nodes, arrivals, POLICY, extender_view=True)
+    sim, expected = livesim.simulate_arrivals(nodes, arrivals, policy, extender_view=extender_view)
     assert sim.failed > 0, "the sample must reach pods that fit nowhere"
     pins = [
         where[0] if where is not None and p.count == 0 else None for p, where in zip(arrivals, expected, strict=True)
     ]
 
-    live = run_live(plane, tmp_path, nodes, arrivals, pins)
+    live = run_live(plane, tmp_path, policy, nodes, arrivals, pins)
 
     live_pct = livesim.allocation_pct(nodes, arrivals, live)
     sim_pct = livesim.allocation_pct(nodes, arrivals, expected)
@@ -272,12 +281,12 @@ def test_live_placements_equal_share_sim(plane: ControlPlane, tmp_path: Path) ->
         for i in range(len(arrivals))
         if live[i] != expected[i]
     ]
-    _, own = livesim.simulate_arrivals(nodes, arrivals, POLICY, extender_view=False)
+    _, own = livesim.simulate_arrivals(nodes, arrivals, policy, extender_view=False)
     print(
-        f"\nlive vs sim: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(arrivals)} arrivals "
-        f"({cpu_only} CPU-only, {multi} multi-GPU), failed live {live.count(None)} / sim {sim.failed}; "
-        f"allocation live {live_pct:.2f} % / sim {sim_pct:.2f} %; share-sim's own protocol (CPU-aware frag) "
-        f"{livesim.allocation_pct(nodes, arrivals, own):.2f} %; {time.monotonic() - started:.0f} s"
+        f"\nlive vs sim, {policy}: {len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs, {len(arrivals)} "
+        f"arrivals ({cpu_only} CPU-only, {multi} multi-GPU), failed live {live.count(None)} / sim {sim.failed}; "
+        f"allocation live {live_pct:.2f} % / sim {sim_pct:.2f} % (share-sim's own view: "
+        f"{livesim.allocation_pct(nodes, arrivals, own):.2f} %); {time.monotonic() - started:.0f} s"
     )
     assert abs(live_pct - sim_pct) <= 1.0, f"allocation live {live_pct:.2f} % vs sim {sim_pct:.2f} %"
     assert not differ, f"{len(differ)} of {len(arrivals)} placements differ; first: " + "; ".join(differ[:5])
