@@ -3,11 +3,12 @@
 A seeded sample of openb's nodes (the model mix kept) and a seeded arrival order drawn per share-sim's
 protocol (CPU-only pods and pods that fit nowhere included) go through
 - the real etcd, kube-apiserver and kube-scheduler (hack/build-k8s.sh) with our extender
-  (`--policy frag --memory-unit MiB`, filter keeps the best node) on bare nodes: pods are created one
-  at a time, each waits until it is bound or found unschedulable (then it is deleted: in the protocol a
-  pod that fits nowhere fails and the next arrives);
-- share-sim's engine (`engine.simulate`) on the same nodes and the same arrivals in the same order,
-  its policy seeing what the extender sees (`livesim.ExtenderView`).
+  (`--policy binpack` or `frag`, `--memory-unit MiB`, filter keeps the best node) on bare nodes: pods
+  are created one at a time, each waits until it is bound or found unschedulable (then it is deleted:
+  in the protocol a pod that fits nowhere fails and the next arrives);
+- share-sim's engine (`engine.simulate`) on the same nodes and the same arrivals in the same order:
+  for binpack share-sim's own run; for frag with its policy seeing what the extender sees
+  (`livesim.ExtenderView`: share-sim's frag also weighs CPU, which the extender does not see).
 Every pod must land on the same node and GPUs both ways, so the allocation ratios agree exactly.
 
 What the two sides are given so that they may agree:
@@ -22,7 +23,7 @@ What the two sides are given so that they may agree:
   kube-scheduler, with the profile's spreading score plugins off, puts them on a random node they fit.
   Each is pinned (required node affinity; kube-scheduler still checks it fits) to the node share-sim
   chose, so both sides carry the same CPU load.
-The last two, and share-sim's CPU-aware view, are where the product and share-sim's own protocol
+The last one and frag's CPU-aware view in share-sim are where the product and share-sim's protocol
 differ; docs/simulator.md ("Live versus simulated") gives the measured gap.
 """
 
