@@ -37,7 +37,6 @@ class PodWatch:
 
     def __init__(self, admin: ApiServerClient, resource_version: str) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
-        self.deleted: set[str] = set()
         self.changed = threading.Condition()
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -57,8 +56,6 @@ class PodWatch:
                         continue
                     name = event.object["metadata"]["name"]
                     with self.changed:
-                        if event.type == "DELETED":
-                            self.deleted.add(name)
                         self.pods[name] = event.object
                         self.changed.notify_all()
         except BaseException as exc:  # surfaced by outcome(): a dead watch must not look like a slow pod
@@ -67,7 +64,8 @@ class PodWatch:
                 self.changed.notify_all()
 
     def outcome(self, name: str, timeout: float) -> str:
-        """ "bound" or "unschedulable" once the pod is either; raises on timeout."""
+        """Whether the pod was "bound" or found "unschedulable" (kube-scheduler's PodScheduled=False
+        condition); raises on timeout."""
         deadline = time.monotonic() + timeout
         with self.changed:
             while True:
@@ -182,6 +180,8 @@ def run_live(
         return placed
     except BaseException:
         log.error("extender log tail:\n%s", extender.log_tail(60))
+        if scheduler is not None:
+            log.error("kube-scheduler log tail:\n%s", scheduler.process.log_tail(60))
         raise
     finally:
         if watch is not None:
