@@ -45,10 +45,8 @@ def main() -> int:
     print("seed  arrivals  failed live/sim  allocation % live  as the extender sees it  share-sim's own  seconds")
     for seed in (int(s) for s in args.seeds.split(",")):
         nodes = list(livesim.sample_nodes(trace.nodes, args.nodes, seed))
-        order = livesim.arrival_order(trace.pods, sum(n.gpu_capacity for n in nodes), seed, args.tune)
-        arrivals = [trace.pods[k] for k in order]
-        sim, expected = livesim.simulate_arrivals(nodes, arrivals, args.policy, extender_view=True)
-        _, own = livesim.simulate_arrivals(nodes, arrivals, args.policy, extender_view=False)
+        sim, arrivals, expected = livesim.simulate_sample(nodes, trace.pods, seed, args.tune, args.policy, True)
+        _, _, own = livesim.simulate_sample(nodes, trace.pods, seed, args.tune, args.policy, False)
         pins = [
             None if args.unpinned or where is None or pod.count else where[0]
             for pod, where in zip(arrivals, expected, strict=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from share_scheduler import placement
@@ -67,14 +66,13 @@ def simulate(
     seed: int,
     tune: float = 1.3,
     thresholds: tuple[int, ...] = THRESHOLDS,
-    order: Sequence[int] | None = None,
-    placements: list[tuple[int, tuple[int, ...]] | None] | None = None,
+    placements: list[tuple[int, tuple[int, tuple[int, ...]] | None]] | None = None,
 ) -> SeedResult:
     """Run one seed of the protocol with one policy object; see the module docstring.
 
-    `order`: replay exactly these pod indices instead of the seeded draws (the live-versus-simulated
-    test replays one arrival order both ways); `placements` gets, per arrival, (node index, GPU
-    positions) or None for a pod that failed."""
+    `placements`, when given, gets one entry per arrival: (pod index, (node index, GPU positions) or
+    None when it failed). The arrivals depend on the seed alone, not on the policy, so the
+    live-versus-simulated test replays them through the cluster and compares the placements."""
     started = time.perf_counter()
     rng = random.Random(seed)
     capacity = workload.gpu_capacity
@@ -131,11 +129,8 @@ def simulate(
     curve: list[float] = []
     next_curve = 0.0
 
-    draws = iter(order) if order is not None else None
-    while draws is not None or requested < target:
-        k = rng.randrange(npods) if draws is None else next(draws, -1)
-        if k < 0:
-            break
+    while requested < target:
+        k = rng.randrange(npods)
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]
@@ -183,7 +178,8 @@ def simulate(
                     best_score, best_node, best_ev = ev[0], i, ev
 
         if placements is not None:
-            placements.append(None if best_ev is None else (best_node, best_ev[1]))
+            placements.append((k, None if best_ev is None else (best_node, best_ev[1])))
+
         if best_ev is None:
             failed += 1
         else:

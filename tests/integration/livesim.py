@@ -42,17 +42,13 @@ def sample_nodes(nodes: Sequence[SimNode], count: int, seed: int) -> tuple[SimNo
     return tuple(sorted(picked, key=lambda n: n.name))
 
 
-def arrival_order(pods: Sequence[SimPod], capacity: int, seed: int, tune: float) -> list[int]:
-    """The protocol's arrivals: pods drawn with replacement in a seeded order until the GPU units asked
-    reach `tune` x capacity (the draws `engine.simulate` makes; the test checks they are the same)."""
-    rng = random.Random(seed)
-    order: list[int] = []
-    requested = 0
-    while requested < tune * capacity:
-        k = rng.randrange(len(pods))
-        order.append(k)
-        requested += pods[k].gpu_request
-    return order
+def protocol_arrivals(workload: Workload, seed: int, tune: float) -> list[int]:
+    """The pods share-sim's protocol draws for this seed (indices into `workload.pods`), in order.
+
+    Whatever policy places them: the draws depend on the seed and the units asked, not on placement."""
+    recorded: list[tuple[int, Any]] = []
+    simulate(workload, placement.make_policy("binpack"), seed, tune, placements=recorded)
+    return [k for k, _ in recorded]
 
 
 class ExtenderView:
@@ -84,24 +80,28 @@ def _gpu_only(demand: Demand) -> Demand:
     return Demand(demand.per_gpu, demand.count, demand.models)
 
 
-def simulate_arrivals(
-    nodes: Sequence[SimNode], arrivals: Sequence[SimPod], policy: str, extender_view: bool
-) -> tuple[SeedResult, list[Placement]]:
-    """share-sim's engine over exactly these arrivals, in this order, its policy taught them first.
+def simulate_sample(
+    nodes: Sequence[SimNode], population: Sequence[SimPod], seed: int, tune: float, policy: str, extender_view: bool
+) -> tuple[SeedResult, list[SimPod], list[Placement]]:
+    """share-sim's engine on the sample: the run's result, the pods that arrived and where each went.
 
-    `extender_view`: the policy sees what the extender sees (ExtenderView), else share-sim's own view
-    (CPU too)."""
-    workload = Workload(tuple(nodes), tuple(arrivals))
+    `extender_view`: the policy sees what the extender sees (ExtenderView) and has learned what the
+    extender learns, the pods that arrive (the live run lists them all before the first is scheduled);
+    else share-sim's own run (its policy taught the whole population, CPU in its view)."""
+    workload = Workload(tuple(nodes), tuple(population))
+    arrivals = protocol_arrivals(workload, seed, tune)
     if extender_view:
         chosen: Policy = ExtenderView(placement.make_policy(policy))
-        for pod in arrivals:
-            chosen.observe(pod.demand())
+        for k in arrivals:
+            chosen.observe(population[k].demand())
     else:
-        chosen = build_policy(policy, 0, workload)
-    raw: list[tuple[int, tuple[int, ...]] | None] = []
-    result = simulate(workload, chosen, 0, order=range(len(arrivals)), placements=raw)
+        chosen = build_policy(policy, seed, workload)
+    raw: list[tuple[int, tuple[int, tuple[int, ...]] | None]] = []
+    result = simulate(workload, chosen, seed, tune, placements=raw)
+    assert [k for k, _ in raw] == arrivals, "the protocol's arrivals depend on the policy"
     # All GPUs are healthy and listed by index, so view positions are GPU indices.
-    return result, [None if p is None else (nodes[p[0]].name, tuple(sorted(p[1]))) for p in raw]
+    where = [None if w is None else (nodes[w[0]].name, tuple(sorted(w[1]))) for _, w in raw]
+    return result, [population[k] for k in arrivals], where
 
 
 def allocation_pct(nodes: Sequence[SimNode], arrivals: Sequence[SimPod], placements: Sequence[Placement]) -> float:

@@ -1,9 +1,7 @@
-"""`simulate(order=..., placements=...)`: replaying one arrival order (the live-versus-simulated test's
-simulated half) is the protocol run on exactly those arrivals, and each placement is reported."""
+"""`simulate(placements=...)`: every arrival and where it went, the simulated half of the
+live-versus-simulated test (which replays the same arrivals through the cluster)."""
 
 from __future__ import annotations
-
-import random
 
 from share_scheduler.placement import make_policy
 from share_scheduler.sim.engine import simulate
@@ -23,39 +21,34 @@ PODS = (
 )
 
 
-def seeded_draws(workload: Workload, seed: int, tune: float) -> list[int]:
-    rng = random.Random(seed)
-    out: list[int] = []
-    requested = 0
-    while requested < tune * workload.gpu_capacity:
-        k = rng.randrange(len(workload.pods))
-        out.append(k)
-        requested += workload.pods[k].gpu_request
-    return out
-
-
-def test_replaying_the_seeded_draws_is_the_seeded_run():
-    w = Workload(NODES, PODS)
-    for policy in ("binpack", "frag"):
-        drawn: list = []
-        replayed: list = []
-        a = simulate(w, make_policy(policy), 3, placements=drawn)
-        b = simulate(w, make_policy(policy), 3, order=seeded_draws(w, 3, 1.3), placements=replayed)
-        assert drawn == replayed and len(drawn) == a.arrivals == b.arrivals
-        assert (a.placed, a.failed, a.final) == (b.placed, b.failed, b.final)
-
-
-def test_an_order_arrives_whole_and_placements_name_node_and_gpus():
+def test_every_arrival_is_recorded_with_its_node_and_gpus():
     w = Workload(NODES, PODS)
     placements: list = []
-    # Far beyond tune x capacity: a given order arrives in full, failures included.
-    order = [3, 3, 3, 3, 4, 4, 4, 4, 4, 0]
-    r = simulate(w, make_policy("binpack"), 0, order=order, placements=placements)
-    assert r.arrivals == len(order) == len(placements)
-    assert placements[:4] == [(0, (0, 1)), (1, (0, 1)), (2, (0, 1)), (2, (2, 3))]
-    # CPU-only pods take no GPU and 3 cores: two fit on n0 and two on n1 (6 cores left after "pair";
-    # every node is full of GPU, so binpack ties and the first node goes first), none on n2 (0 left).
-    assert [p[0] if p else None for p in placements[4:9]] == [0, 0, 1, 1, None]
-    assert all(p is None or p[1] == () for p in placements[4:9])
-    assert placements[9] is None  # no GPU left anywhere
-    assert r.failed == placements.count(None) == 2
+    r = simulate(w, make_policy("binpack"), 3, placements=placements)
+    assert len(placements) == r.arrivals
+    assert sum(1 for _, where in placements if where is None) == r.failed
+    # Replaying the records rebuilds the final state the engine reports.
+    free = [list(n.gpus) for n in NODES]
+    cpu = [n.cpu for n in NODES]
+    for k, where in placements:
+        if where is None:
+            continue
+        node, positions = where
+        assert len(positions) == PODS[k].count
+        for p in positions:
+            free[node][p] -= PODS[k].per_gpu
+        cpu[node] -= PODS[k].cpu
+    assert [[f for _, f in view[0]] for view in r.final] == free
+    assert [view[1] for view in r.final] == cpu
+
+
+def test_arrivals_depend_on_the_seed_not_the_policy():
+    w = Workload(NODES, PODS)
+    runs = {}
+    for policy in ("binpack", "spread", "frag"):
+        placements: list = []
+        simulate(w, make_policy(policy), 5, placements=placements)
+        runs[policy] = placements
+    order = [k for k, _ in runs["binpack"]]
+    assert all([k for k, _ in p] == order for p in runs.values())
+    assert runs["binpack"] != runs["spread"]  # the same pods, placed differently
