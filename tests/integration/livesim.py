@@ -73,7 +73,9 @@ class ExtenderView:
         return self.inner.evaluate((gpus, None, None), _gpu_only(demand))
 
     def observe(self, demand: Demand) -> None:
-        self.inner.observe(_gpu_only(demand))
+        # The extender learns from the pods that ask for GPU memory (its cache's observer), not others.
+        if demand.count > 0:
+            self.inner.observe(_gpu_only(demand))
 
 
 def _gpu_only(demand: Demand) -> Demand:
