@@ -93,6 +93,7 @@ def simulate_sample(
     workload = Workload(tuple(nodes), tuple(population))
     arrivals = protocol_arrivals(workload, seed, tune)
     if extender_view:
+        # Built as the extender builds it (create_app: make_policy(name), no options).
         chosen: Policy = ExtenderView(placement.make_policy(policy))
         for k in arrivals:
             chosen.observe(population[k].demand())
