@@ -145,6 +145,7 @@ def create_app(
     if filter_keeps not in FILTER_KEEPS:
         raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
     keep_best = filter_keeps == "best"
+    random_ties = bool(getattr(policy, "random_ties", False))  # bestfit: kube-scheduler breaks its ties
     if cache is None:
         kw: dict[str, Any] = {"unit": unit}
         if assume_ttl is not None:
@@ -210,7 +211,7 @@ def create_app(
         binder.remember(args.pod, request)
         entries = cache.entries(args.names)
         if keep_best:
-            passed = best_nodes(policy_scores(policy, demand, entries, memo, binder.policy_lock))
+            passed = best_nodes(policy_scores(policy, demand, entries, memo, binder.policy_lock), random_ties)
             failed, unresolvable = {}, {}
             if not passed:
                 _, failed, unresolvable = filter_nodes(demand, entries, unit)

@@ -98,8 +98,9 @@ HEADER = """\
 
 
 KEEPS_WHY = {
-    "best": "only the nodes the placement policy scores highest pass, so there is\n"
-    "#   no prioritize call; kube-scheduler's remaining score plugins break the policy's ties.",
+    "best": "only the node the placement policy scores highest passes (ties to the\n"
+    "#   lowest name; all of them for bestfit, which kube-scheduler picks from at random), so there\n"
+    "#   is no prioritize call and no scoring.",
     "fitting": "every node the pod fits on passes; the extender's prioritize weight\n"
     f"#   ({EXTENDER_WEIGHT}) dominates: one step of its 0..10 score is worth {EXTENDER_WEIGHT * 10} points,\n"
     "#   more than every score plugin left enabled together.",

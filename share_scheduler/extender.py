@@ -372,17 +372,23 @@ def prioritize(
     return [{"Host": name, "Score": scores[name]} for name, _ in entries]
 
 
-def best_nodes(scores: Mapping[str, float]) -> list[str]:
-    """The nodes the policy would choose among: those with its highest score, in request order
-    (-inf: does not fit; the memoised score decides fit and rank in one lookup per node).
+def best_nodes(scores: Mapping[str, float], random_ties: bool = False) -> list[str]:
+    """The one node the policy chooses: its highest score, ties to the lowest node name; [] if the pod
+    fits nowhere (-inf: does not fit; the memoised score decides fit and rank in one lookup per node).
 
-    Filter returning only these makes prioritize unnecessary: kube-scheduler skips scoring when one
-    node is left (schedulePod, "When only one node after predicate, just use it") and otherwise lets
-    its own score plugins break the policy's ties."""
+    One node, not the policy's ties: kube-scheduler skips scoring when one node is left
+    (schedulePod, "When only one node after predicate, just use it") and otherwise picks at random
+    among equal scores (selectHost), so the placement would not be reproducible. The lowest name is
+    the rule share-sim follows (first node in input order, and openb's nodes are listed by name), so
+    the cluster and the simulator make the same choice (tests/integration/test_live_vs_sim.py).
+    `random_ties` (a policy whose ties are meant to be broken at random, as bestfit's are in the paper
+    and in share-sim): every tied node, in request order, for kube-scheduler to pick from."""
     top = max(scores.values(), default=NEG_INF)
     if top == NEG_INF:
         return []
-    return [name for name, score in scores.items() if score == top]
+    if random_ties:
+        return [name for name, score in scores.items() if score == top]
+    return [min(name for name, score in scores.items() if score == top)]
 
 
 def invalid_request_message(pod: Mapping[str, Any], exc: InvalidRequest) -> str:

@@ -66,8 +66,13 @@ def simulate(
     seed: int,
     tune: float = 1.3,
     thresholds: tuple[int, ...] = THRESHOLDS,
+    placements: list[tuple[int, tuple[int, tuple[int, ...]] | None]] | None = None,
 ) -> SeedResult:
-    """Run one seed of the protocol with one policy object; see the module docstring."""
+    """Run one seed of the protocol with one policy object; see the module docstring.
+
+    `placements`, when given, gets one entry per arrival: (pod index, (node index, GPU positions) or
+    None when it failed). The arrivals depend on the seed alone, not on the policy, so the
+    live-versus-simulated test replays them through the cluster and compares the placements."""
     started = time.perf_counter()
     rng = random.Random(seed)
     capacity = workload.gpu_capacity
@@ -171,6 +176,9 @@ def simulate(
                 ev = evaluate(state_views[sid], demand)
                 if ev is not None and ev[0] > best_score:
                     best_score, best_node, best_ev = ev[0], i, ev
+
+        if placements is not None:
+            placements.append((k, None if best_ev is None else (best_node, best_ev[1])))
 
         if best_ev is None:
             failed += 1

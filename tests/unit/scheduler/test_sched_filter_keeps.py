@@ -41,10 +41,20 @@ def test_best_passes_only_the_policys_first_choice(cluster, extender_factory):
     assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}
 
 
-def test_best_keeps_ties_for_kube_scheduler_to_break(cluster, extender_factory):
+def test_best_breaks_ties_to_the_lowest_node_name(cluster, extender_factory):
     ext = extender_factory(policy="binpack").wait_ready()
-    body = ext.call("filter", filter_args(make_pod("p", 8), ["empty-1", "small", "empty-2"]))
-    assert body["NodeNames"] == ["empty-1", "empty-2"]  # equal states, equal scores: both go on
+    # Equal states, equal scores: one node, the lowest name, whatever order kube-scheduler sends them in
+    # (it would pick at random among ties; share-sim takes the first node, and lists nodes by name).
+    body = ext.call("filter", filter_args(make_pod("p", 8), ["empty-2", "small", "empty-1"]))
+    assert body["NodeNames"] == ["empty-1"]
+
+
+def test_best_leaves_a_random_ties_policys_ties_to_kube_scheduler(cluster, extender_factory):
+    # bestfit's ties are meant to be broken at random (the paper's Best-fit; share-sim does it too):
+    # every tied node passes, for kube-scheduler's selectHost to pick from.
+    ext = extender_factory(policy="bestfit").wait_ready()
+    body = ext.call("filter", filter_args(make_pod("p", 8), ["empty-2", "small", "empty-1"]))
+    assert body["NodeNames"] == ["empty-2", "empty-1"]
 
 
 def test_fitting_passes_every_node_the_pod_fits(cluster, extender_factory):
@@ -121,5 +131,5 @@ def test_best_equals_prioritize_top_on_random_clusters(kube, extender_factory, p
         ranked = {h["Host"]: h["Score"] for h in ext.call("prioritize", filter_args(pod, names))}
         body = ext.call("filter", filter_args(pod, names))  # a lone best node is then held: state moves on
         top = max(ranked.values())
-        expected = [n for n in names if ranked[n] == top] if top > 0 else []
+        expected = [min(n for n in names if ranked[n] == top)] if top > 0 else []
         assert body["NodeNames"] == expected, (policy, mem, count)
