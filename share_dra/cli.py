@@ -24,13 +24,9 @@ from share_core.contract import (
     DRA_UNHEALTHY_WITHDRAW,
     MemoryUnit,
 )
+from share_plugin.backend.options import add_backend_args, open_backend
 
 log = logging.getLogger("share_dra")
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,24 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUSHARE_CDI_SPEC_DIRS", ",".join(DEFAULT_CDI_SPEC_DIRS)),
         help="comma-separated dirs where NVIDIA's CDI spec (nvidia.com/gpu) may be; its devices are referenced",
     )
-    p.add_argument("--backend", choices=["nvml", "sim"], default=env("GPUSHARE_BACKEND", "nvml"))
-    p.add_argument("--sim-gpus", default=env("SIM_GPUS", "2xA100:80GiB,1xT4:16GiB"), help="e.g. 4xT4:16GiB")
-    p.add_argument(
-        "--sim-health-file",
-        default=env("GPUSHARE_SIM_HEALTH_FILE"),
-        help="sim backend: file listing unhealthy GPUs (index or UUID per line), polled",
-    )
+    add_backend_args(p)
     p.add_argument(
         "--memory-unit",
         default=env("MEMORY_UNIT", "GiB"),
         choices=["GiB", "MiB"],
         help="the step claims consume memory in (the request policy's default, minimum and step)",
-    )
-    p.add_argument("--health-check", action=argparse.BooleanOptionalAction, default=_env_bool("HEALTH_CHECK", True))
-    p.add_argument(
-        "--ignored-xids",
-        default=env("GPUSHARE_IGNORED_XIDS"),
-        help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
     )
     p.add_argument(
         "--unhealthy",
@@ -109,15 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     unit = MemoryUnit.parse(args.memory_unit)
     try:
-        if args.backend == "sim":
-            from share_plugin.backend.sim import SimBackend
-
-            backend = SimBackend(args.sim_gpus, args.node_name, health_file=args.sim_health_file)
-        else:
-            from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
-
-            xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
-            backend = NvmlBackend(xids)
+        backend = open_backend(args, args.node_name)
     except (BackendError, ValueError) as exc:
         log.error("cannot start the %s backend: %s", args.backend, exc)
         return 1

@@ -20,15 +20,11 @@ from share_core.contract import (
     RESOURCE_MEM,
     MemoryUnit,
 )
+from share_plugin.backend.options import add_backend_args, env_bool, open_backend
 from share_plugin.monitor import DEFAULT_INTERVAL
 from share_plugin.usage import OverLimitMode
 
 log = logging.getLogger("share_plugin")
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,20 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
     p.add_argument("--device-plugin-dir", default=env("DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR))
     p.add_argument("--pod-resources-socket", default=env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET))
-    p.add_argument("--backend", choices=["nvml", "sim"], default=env("GPUSHARE_BACKEND", "nvml"))
-    p.add_argument("--sim-gpus", default=env("SIM_GPUS", "2xA100:80GiB,1xT4:16GiB"), help="e.g. 4xT4:16GiB")
-    p.add_argument(
-        "--sim-health-file",
-        default=env("GPUSHARE_SIM_HEALTH_FILE"),
-        help="sim backend: file listing unhealthy GPUs (index or UUID per line), polled",
-    )
+    add_backend_args(p)
     p.add_argument("--memory-unit", default=env("MEMORY_UNIT", "GiB"), choices=["GiB", "MiB"])
-    p.add_argument("--health-check", action=argparse.BooleanOptionalAction, default=_env_bool("HEALTH_CHECK", True))
-    p.add_argument(
-        "--ignored-xids",
-        default=env("GPUSHARE_IGNORED_XIDS"),
-        help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
-    )
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument(
         "--device-list-strategy",
@@ -60,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the container runtime learns the GPU: envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts "
         "(mounts the NVIDIA toolkit reads; a pod cannot forge them), cdi-cri (CDI device names in Allocate)",
     )
-    p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=_env_bool("GPUSHARE_MPS", False))
+    p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=env_bool("GPUSHARE_MPS", False))
     p.add_argument(
         "--mps-pipe-dir",
         default=env("GPUSHARE_MPS_PIPE_DIR", DEFAULT_MPS_PIPE_DIR),
@@ -134,20 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     unit = MemoryUnit.parse(args.memory_unit)
     try:
-        if args.backend == "sim":
-            from share_plugin.backend.sim import SimBackend
-
-            backend = SimBackend(
-                args.sim_gpus,
-                args.node_name,
-                health_file=args.sim_health_file,
-                processes_file=args.sim_processes_file,
-            )
-        else:
-            from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
-
-            xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
-            backend = NvmlBackend(xids)
+        backend = open_backend(args, args.node_name, processes_file=args.sim_processes_file)
     except (BackendError, ValueError) as exc:
         log.error("cannot start the %s backend: %s", args.backend, exc)
         return 1
