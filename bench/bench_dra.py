@@ -13,9 +13,9 @@ claims only allocated). Two measurements:
       ResourceClaimTemplate and kube-controller-manager's resourceclaim controller makes the claims.
 
   python bench/bench_dra.py frag [--nodes 40 --seeds 3]
-      Replays an openb sample (nodes drawn per model from ../shared/data/openb, pods in share-sim's
-      seeded arrival order: same seed, same order) through kube-scheduler's DRA allocator, one pod at a
-      time, and runs share-sim's policies on the same sample: what the DRA allocator's choice of node
+      Replays an openb sample (nodes drawn per model from ../shared/data/openb, pods in a
+      seeded order, drawn with replacement) through kube-scheduler's DRA allocator, one pod at a time,
+      and replays the same order through share-sim's policies: what the DRA allocator's choice of node
       and GPU does to fragmentation. One GiB of a device stands for one thousandth of a GPU, so openb's
       shares map exactly (every GPU offers 1000 GiB).
 """
@@ -218,7 +218,8 @@ def sample_nodes(nodes: tuple[SimNode, ...], count: int, seed: int) -> tuple[Sim
 
 
 def arrival_order(workload: Workload, seed: int, tune: float) -> list[int]:
-    """Pod indices in share-sim's arrival order (engine.simulate draws exactly so)."""
+    """Pod indices drawn with replacement in a seeded order until `tune` x capacity is asked; the
+    simulated policies replay exactly this order (simulate's `order`)."""
     rng = random.Random(seed)
     target, requested, order = tune * workload.gpu_capacity, 0, []
     while requested < target:
@@ -321,7 +322,7 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
                     f"{dra['arrivals']} arrivals ({dra['failed']} failed) in {dra['seconds']:.0f} s; "
                     f"unallocated at 100%: dra {dra['unallocated_pct'][100]:.2f}"]  # fmt: skip
             for p in policies:
-                res = simulate(workload, build_policy(p, seed, workload), seed, args.tune)
+                res = simulate(workload, build_policy(p, seed, workload), seed, args.tune, order=order)
                 rows[p].append(res.unallocated_pct["100"])
                 line.append(f"{p} {res.unallocated_pct['100']:.2f}")
             print(", ".join(line), flush=True)
