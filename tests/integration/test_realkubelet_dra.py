@@ -41,7 +41,7 @@ from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.gpucluster import wait_for
 from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
-from tests.integration.test_dra import PLUGIN_RULES, PLUGIN_USER, RES
+from tests.integration.test_dra import PLUGIN_USER, RES, plugin_rules
 from tests.node import RealNode
 
 pytestmark = [
@@ -84,7 +84,9 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         node = RealNode(cp, NODE, workdir / "node").start()  # kubelet runs with the control plane's gates
         rbac = "/apis/rbac.authorization.k8s.io/v1"
         node.admin.request(
-            "POST", f"{rbac}/clusterroles", body={"metadata": {"name": "gpushare-dra"}, "rules": PLUGIN_RULES}
+            "POST",
+            f"{rbac}/clusterroles",
+            body={"metadata": {"name": "gpushare-dra"}, "rules": plugin_rules(probe.version())},
         )
         node.admin.request(
             "POST",
