@@ -59,8 +59,8 @@ class DraPlugin:
             "--sim-gpus=1xT4:16GiB",
             f"--plugins-registry-dir={root / 'plugins_registry'}",
             f"--plugin-dir={root / 'plugins' / DRA_DRIVER_NAME}",
-            f"--cdi-dir={node.workdir / 'dra-cdi'}",
-            f"--cdi-spec-dirs={node.workdir / 'dra-cdi'}",
+            f"--cdi-dir={node.cdi_dir}",  # the one dir the node's containerd reads CDI specs from
+            f"--cdi-spec-dirs={node.cdi_dir}",
         ]
         self.log = cp.log_dir / "share-dra-realnode.log"
         self.proc: ManagedProcess | None = None
@@ -132,10 +132,10 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_restarts(
     """kubelet's DRA manager calls NodePrepareResources for a pod's allocated claim before its containers
     start (the claim's CDI spec appears, with the claim's 3 GiB as the limit), starts the pod once we answered,
     keeps it through a kubelet restart, and calls NodeUnprepareResources once the pod is gone: a restarted plugin
-    removes the spec its predecessor wrote (the checkpoint). The container getting the spec's env through a
-    CDI-capable containerd is issue-14-cdi's test."""
+    removes the spec its predecessor wrote (the checkpoint). What the container prints from the spec's env is
+    test_realkubelet_dra.py's."""
     admin = real_node.admin
-    cdi_dir = real_node.workdir / "dra-cdi"
+    cdi_dir = real_node.cdi_dir
     wait_for(lambda: node_slice(real_node), 60, "the real node's slice")
     if not _exists(admin, f"{RES}/deviceclasses/{DRA_DEVICE_CLASS}"):
         admin.request(
@@ -193,9 +193,8 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_restarts(
     # kubelet starts the containers only once NodePrepareResources answered without error.
     wait_for(lambda: (pod().get("status") or {}).get("phase") == "Running", 90, "the DRA pod running")
     ours = sorted(line for line in real_node.pod_log(ns, "dra-pod").splitlines() if line.startswith("GPUSHARE_"))
-    # With CDI off in this node's containerd the runtime ignores the CDI device IDs kubelet passes; issue-14-cdi
-    # turns it on and checks the container's env is the spec's.
-    print(f"\nDRA pod running; gpushare env in the container: {ours or 'none (containerd CDI off)'}")
+    # The node's containerd applies the claim's CDI spec: the container's gpushare env is the spec's.
+    assert ours == sorted(f"{k}={v}" for k, v in env.items() if k.startswith("GPUSHARE_")), (ours, env)
 
     # A kubelet restart: the running pod keeps its claim prepared (a repeated Prepare answers the same devices).
     real_node.restart_kubelet()
