@@ -40,6 +40,16 @@ class SeedResult:
     curve: list[float] = field(default_factory=list)
     # the final state of every node, in input order (for inspection and tests)
     final: list[NodeView] = field(default_factory=list)
+    # GPU units of the pods that failed before arrived reached 100 %, by pod kind (why a policy loses)
+    failed_units: dict[str, int] = field(default_factory=dict)
+
+
+def pod_kind(demand: Demand) -> str:
+    """share, 1-gpu, N-gpu or cpu, with '@models' when the pod is restricted to GPU models."""
+    if demand.count == 0:
+        return "cpu"
+    kind = f"{demand.count}-gpu" if demand.count > 1 or demand.per_gpu >= 1000 else "share"
+    return kind + ("@" + "|".join(demand.models) if demand.models else "")
 
 
 def build_policy(name: str, seed: int, workload: Workload) -> Policy:
@@ -54,6 +64,9 @@ def build_policy(name: str, seed: int, workload: Workload) -> Policy:
         options["cpu_spec"] = max(cpus)
     if "gpu_spec" in params and workload.gpu_capacity > 0:
         options["gpu_spec"] = max(n.gpu_capacity for n in workload.nodes)
+    if "gpu_unit" in params and workload.gpu_capacity > 0:
+        # fgd's sigmoid counts the change in whole GPUs: 1000 units in the openb trace, GiB in a YAML.
+        options["gpu_unit"] = max(max(n.gpus) for n in workload.nodes if n.gpus)
     policy = placement.make_policy(name, **options)
     for pod in workload.pods:
         policy.observe(pod.demand())
@@ -117,6 +130,7 @@ def simulate(
     missing = object()
 
     requested = placed = failed = arrivals = 0
+    failed_units: dict[str, int] = {}
     target = tune * capacity
     marks = sorted(thresholds)
     next_mark = 0
@@ -174,6 +188,9 @@ def simulate(
 
         if best_ev is None:
             failed += 1
+            if requested <= capacity:
+                kind = pod_kind(demand)
+                failed_units[kind] = failed_units.get(kind, 0) + pod_gpu[k]
         else:
             placed += pod_gpu[k]
             old = node_state[best_node]
@@ -218,6 +235,7 @@ def simulate(
         seconds=time.perf_counter() - started,
         curve=curve,
         final=[state_views[sid] for sid in node_state],
+        failed_units=failed_units,
     )
 
 
