@@ -322,7 +322,9 @@ class WorkloadTable:
         return WorkloadTable(tuple(groups), int(total))
 
 
-def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
+def fragmentation(
+    gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6, no_access: bool = True
+) -> float:
     """Expected free GPU capacity on a node that pods drawn from the workload could not use.
 
     Two views of "could not use", blended by `fill_weight`:
@@ -348,6 +350,8 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
                 frees = sorted(f for _, f in gpus)
             sorted_by_models[g.models] = frees
         per, count = g.per_gpu, g.count
+        if not frees and not no_access:
+            continue  # the class cannot use this node's models at all: none of its business
         k = bisect_left(frees, per)
         room = len(frees) - k
         if room < count:
@@ -390,13 +394,24 @@ class FragPolicy(_ViewPolicy):
     REFRESH = 0.02
     MEMO_LIMIT = 400_000
 
-    def __init__(self, fill_weight: float = 0.6) -> None:
+    def __init__(
+        self,
+        fill_weight: float = 0.6,
+        demand_weight: float = 0.0,
+        no_access: bool = True,
+        pressure: float = 0.0,
+    ) -> None:
         self.fill_weight = fill_weight
+        self.demand_weight = demand_weight
+        self.no_access = no_access
+        self.pressure = pressure
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
         self._observed = 0
+        self._table_observed = 0
         self._dirty = False
         self._table = WorkloadTable((), 0)
+        self._pressure: dict[str, float] = {}
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
 
@@ -404,13 +419,14 @@ class FragPolicy(_ViewPolicy):
         if demand.count <= 0 or demand.per_gpu <= 0:
             return  # CPU-only pods fragment no GPU
         key = (demand.per_gpu, demand.count, tuple(sorted(m.lower() for m in demand.models)), demand.cpu)
+        weight = float(demand.per_gpu * demand.count) ** self.demand_weight
         with self._lock:
             if key not in self._counts:
                 self._counts[key] = 0.0
                 self._dirty = True
-            self._counts[key] += 1.0
+            self._counts[key] += weight
             self._observed += 1
-            if self._observed >= (1.0 + self.REFRESH) * max(self._table.observed, 1):
+            if self._observed >= (1.0 + self.REFRESH) * max(self._table_observed, 1):
                 self._dirty = True
 
     @property
@@ -420,10 +436,20 @@ class FragPolicy(_ViewPolicy):
             with self._lock:
                 if self._dirty:
                     self._table = WorkloadTable.from_counts(self._counts)
+                    self._table_observed = self._observed
+                    self._pressure = {}
                     self._memo = {}
                     self._eval_memo = {}
                     self._dirty = False
         return self._table
+
+    def model_pressure(self, model: str) -> float:
+        """Probability that a pod is restricted to GPU models that include `model` (scarce capacity)."""
+        v = self._pressure.get(model)
+        if v is None:
+            v = sum(g.prob for g in self.table.groups if g.models and _model_allowed(g.models, model))
+            self._pressure[model] = v
+        return v
 
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
         table = self.table
@@ -431,7 +457,7 @@ class FragPolicy(_ViewPolicy):
         key = (tuple(sorted(gpus)), cpu_free)
         v = memo.get(key)
         if v is None:
-            v = fragmentation(gpus, cpu_free, table, self.fill_weight)
+            v = fragmentation(gpus, cpu_free, table, self.fill_weight, self.no_access)
             if len(memo) >= self.MEMO_LIMIT:
                 memo.clear()
             memo[key] = v
@@ -484,6 +510,9 @@ class FragPolicy(_ViewPolicy):
         # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
         node_left = node_free - per * len(chosen)
         cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
+        if self.pressure and not demand.models and chosen:
+            # A pod that could run anywhere pays for taking capacity that restricted pods need.
+            delta += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
         return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
 

@@ -24,6 +24,10 @@ from share_scheduler.placement import Demand, NodeView, Policy
 from share_scheduler.sim.workload import Workload
 
 THRESHOLDS = (90, 95, 100, 130)
+# How arrivals are drawn. "trace-first" is the paper's simulator (kubernetes-scheduler-simulator,
+# `Simulate`: the trace's pods shuffled, then `tuneUpPods` appends pods drawn with replacement until
+# the demand reaches tune x capacity); "replacement" draws every arrival with replacement.
+DRAWS = ("trace-first", "replacement")
 CURVE_STEP = 0.5  # arrived-% resolution of the recorded curve
 
 
@@ -79,6 +83,7 @@ def simulate(
     seed: int,
     tune: float = 1.3,
     thresholds: tuple[int, ...] = THRESHOLDS,
+    draw: str = "trace-first",
 ) -> SeedResult:
     """Run one seed of the protocol with one policy object; see the module docstring."""
     started = time.perf_counter()
@@ -131,6 +136,15 @@ def simulate(
 
     requested = placed = failed = arrivals = 0
     failed_units: dict[str, int] = {}
+    # The arrival order (see DRAWS): every trace pod once in a seeded random order, then draws with
+    # replacement; or draws with replacement from the start.
+    if draw not in DRAWS:
+        raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
+    order: list[int] = []
+    if draw == "trace-first":
+        order = list(range(npods))
+        rng.shuffle(order)
+        order.reverse()  # popped from the end
     target = tune * capacity
     marks = sorted(thresholds)
     next_mark = 0
@@ -139,7 +153,10 @@ def simulate(
     next_curve = 0.0
 
     while requested < target:
-        k = rng.randrange(npods)
+        if order:
+            k = order.pop()
+        else:
+            k = rng.randrange(npods)
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]
@@ -239,8 +256,8 @@ def simulate(
     )
 
 
-def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3) -> SeedResult:
+def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3, draw: str = "trace-first") -> SeedResult:
     """One seed of one policy, the policy built exactly as the extender builds it."""
-    result = simulate(workload, build_policy(name, seed, workload), seed, tune)
+    result = simulate(workload, build_policy(name, seed, workload), seed, tune, draw=draw)
     result.policy = name
     return result

@@ -29,7 +29,7 @@ def node(name: str, *frees: int, model: str = "A100", total: int = 1000, **kw) -
     return NodeState(name, tuple(GpuSlot(i, model, total, f) for i, f in enumerate(frees)), **kw)
 
 
-ALL = ["binpack", "bestfit", "spread", "random", "frag"]
+ALL = ["binpack", "bestfit", "spread", "random", "frag", "fgd"]
 
 
 def test_registry_and_make_policy():
