@@ -153,10 +153,7 @@ def simulate(
     next_curve = 0.0
 
     while requested < target:
-        if order:
-            k = order.pop()
-        else:
-            k = rng.randrange(npods)
+        k = order.pop() if order else rng.randrange(npods)
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]

@@ -53,7 +53,8 @@ def test_gpuspec_restricts_that_share_of_gpu_pods_to_models_that_can_serve_them(
         if pod.models:
             assert set(pod.models) <= models
             assert any(
-                n.model.lower() in pod.models and sum(1 for g in n.gpus if g >= pod.per_gpu) >= pod.count
+                n.model.lower() in pod.models
+                and sum(1 for g in n.gpus if g >= pod.per_gpu) >= pod.count
                 and n.cpu >= pod.cpu
                 for n in trace.nodes
             ), pod
@@ -77,7 +78,12 @@ def test_variants_are_seeded(trace):
 
 @pytest.mark.parametrize(
     "spec, message",
-    [("nope=3", "FAMILY=VALUE"), ("gpushare", "FAMILY=VALUE"), ("gpushare=lots", "not a number"), ("cpu=11", "between")],
+    [
+        ("nope=3", "FAMILY=VALUE"),
+        ("gpushare", "FAMILY=VALUE"),
+        ("gpushare=lots", "not a number"),
+        ("cpu=11", "between"),
+    ],
 )
 def test_bad_variants_are_clear_errors(trace, spec, message):
     with pytest.raises(variants.VariantError, match=message):
