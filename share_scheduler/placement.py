@@ -322,9 +322,7 @@ class WorkloadTable:
         return WorkloadTable(tuple(groups), int(total))
 
 
-def fragmentation(
-    gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6, no_access: bool = True
-) -> float:
+def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
     """Expected free GPU capacity on a node that pods drawn from the workload could not use.
 
     Two views of "could not use", blended by `fill_weight`:
@@ -350,8 +348,6 @@ def fragmentation(
                 frees = sorted(f for _, f in gpus)
             sorted_by_models[g.models] = frees
         per, count = g.per_gpu, g.count
-        if not frees and not no_access:
-            continue  # the class cannot use this node's models at all: none of its business
         k = bisect_left(frees, per)
         room = len(frees) - k
         if room < count:
@@ -394,16 +390,10 @@ class FragPolicy(_ViewPolicy):
     REFRESH = 0.02
     MEMO_LIMIT = 400_000
 
-    def __init__(
-        self,
-        fill_weight: float = 0.6,
-        demand_weight: float = 0.0,
-        no_access: bool = True,
-        pressure: float = 0.0,
-    ) -> None:
+    def __init__(self, fill_weight: float = 0.6, pressure: float = 3.0) -> None:
+        if not 0.0 <= fill_weight <= 1.0 or pressure < 0:
+            raise ValueError("frag: fill_weight must be in [0, 1] and pressure non-negative")
         self.fill_weight = fill_weight
-        self.demand_weight = demand_weight
-        self.no_access = no_access
         self.pressure = pressure
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
@@ -419,12 +409,11 @@ class FragPolicy(_ViewPolicy):
         if demand.count <= 0 or demand.per_gpu <= 0:
             return  # CPU-only pods fragment no GPU
         key = (demand.per_gpu, demand.count, tuple(sorted(m.lower() for m in demand.models)), demand.cpu)
-        weight = float(demand.per_gpu * demand.count) ** self.demand_weight
         with self._lock:
             if key not in self._counts:
                 self._counts[key] = 0.0
                 self._dirty = True
-            self._counts[key] += weight
+            self._counts[key] += 1.0
             self._observed += 1
             if self._observed >= (1.0 + self.REFRESH) * max(self._table_observed, 1):
                 self._dirty = True
@@ -457,7 +446,7 @@ class FragPolicy(_ViewPolicy):
         key = (tuple(sorted(gpus)), cpu_free)
         v = memo.get(key)
         if v is None:
-            v = fragmentation(gpus, cpu_free, table, self.fill_weight, self.no_access)
+            v = fragmentation(gpus, cpu_free, table, self.fill_weight)
             if len(memo) >= self.MEMO_LIMIT:
                 memo.clear()
             memo[key] = v
@@ -510,8 +499,9 @@ class FragPolicy(_ViewPolicy):
         # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
         node_left = node_free - per * len(chosen)
         cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
-        if self.pressure and not demand.models and chosen:
-            # A pod that could run anywhere pays for taking capacity that restricted pods need.
+        if self.pressure and chosen:
+            # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
+            # so pods that may run elsewhere leave it to them (constant for a pod that may not).
             delta += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
         return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
