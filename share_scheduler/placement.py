@@ -322,6 +322,43 @@ class WorkloadTable:
         return WorkloadTable(tuple(groups), int(total))
 
 
+# Per class group: (GPUs with room for one share, their free capacity, shares of one GPU they hold).
+# Sums over GPUs, so taking a share from one GPU updates them in O(groups), not O(groups x GPUs).
+Aggregates = tuple[tuple[int, int, int], ...]
+
+
+def group_aggregates(gpus: GpuView, table: WorkloadTable) -> Aggregates:
+    """The per-group sums `fragmentation` needs from a node's GPUs (CPU plays no part here)."""
+    out = []
+    for g in table.groups:
+        per, models = g.per_gpu, g.models
+        room = usable = slots = 0
+        for m, f in gpus:
+            if f >= per and (not models or _model_allowed(models, m)):
+                room += 1
+                usable += f
+                slots += f // per
+        out.append((room, usable, slots))
+    return tuple(out)
+
+
+def shift_aggregates(aggs: Aggregates, table: WorkloadTable, model: str, free: int, after: int) -> Aggregates:
+    """`aggs` after one GPU of `model` went from `free` to `after` units free (exact integer update)."""
+    out = []
+    for g, agg in zip(table.groups, aggs, strict=True):
+        if g.models and not _model_allowed(g.models, model):
+            out.append(agg)
+            continue
+        room, usable, slots = agg
+        per = g.per_gpu
+        if free >= per:
+            room, usable, slots = room - 1, usable - free, slots - free // per
+        if after >= per:
+            room, usable, slots = room + 1, usable + after, slots + after // per
+        out.append((room, usable, slots))
+    return tuple(out)
+
+
 def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
     """Expected free GPU capacity on a node that pods drawn from the workload could not use.
 
@@ -337,32 +374,23 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
         total += f
     if total == 0:
         return 0.0
+    return fragmentation_from(total, group_aggregates(gpus, table), cpu_free, table, fill_weight)
+
+
+def fragmentation_from(
+    total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6
+) -> float:
+    """`fragmentation` from a node's free total and per-group aggregates (see `group_aggregates`)."""
+    if total == 0:
+        return 0.0
     next_pod = fill = 0.0
-    sorted_by_models: dict[tuple[str, ...], list[int]] = {}
-    for g in table.groups:
-        frees = sorted_by_models.get(g.models)
-        if frees is None:
-            if g.models:
-                frees = sorted(f for m, f in gpus if _model_allowed(g.models, m))
-            else:
-                frees = sorted(f for _, f in gpus)
-            sorted_by_models[g.models] = frees
+    for g, (room, usable, slots) in zip(table.groups, aggs, strict=True):
         per, count = g.per_gpu, g.count
-        k = bisect_left(frees, per)
-        room = len(frees) - k
         if room < count:
             next_pod += g.prob * total
             fill += g.prob * total
             continue
-        usable = 0
-        slots = 0
-        if count == 1:
-            for f in frees[k:]:
-                usable += f
-                slots += f // per
-        else:
-            for f in frees[k:]:
-                usable += f
+        if count != 1:
             slots = room // count
         stranded = total - usable
         take = per * count
@@ -402,6 +430,7 @@ class FragPolicy(_ViewPolicy):
         self._dirty = False
         self._table = WorkloadTable((), 0)
         self._pressure: dict[str, float] = {}
+        self._agg_memo: dict[GpuView, Aggregates] = {}
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
 
@@ -428,6 +457,7 @@ class FragPolicy(_ViewPolicy):
                     self._table_observed = self._observed
                     self._pressure = {}
                     self._memo = {}
+                    self._agg_memo = {}
                     self._eval_memo = {}
                     self._dirty = False
         return self._table
@@ -440,13 +470,25 @@ class FragPolicy(_ViewPolicy):
             self._pressure[model] = v
         return v
 
+    def aggregates(self, gpus_sorted: GpuView) -> Aggregates:
+        """`group_aggregates` of a node's GPUs (sorted, so nodes in the same state share them)."""
+        a = self._agg_memo.get(gpus_sorted)
+        if a is None:
+            a = group_aggregates(gpus_sorted, self.table)
+            if len(self._agg_memo) >= self.MEMO_LIMIT:
+                self._agg_memo.clear()
+            self._agg_memo[gpus_sorted] = a
+        return a
+
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
         table = self.table
         memo = self._memo
-        key = (tuple(sorted(gpus)), cpu_free)
+        gpus_sorted = tuple(sorted(gpus))
+        key = (gpus_sorted, cpu_free)
         v = memo.get(key)
         if v is None:
-            v = fragmentation(gpus, cpu_free, table, self.fill_weight)
+            total = sum(f for _, f in gpus)
+            v = fragmentation_from(total, self.aggregates(gpus_sorted), cpu_free, table, self.fill_weight)
             if len(memo) >= self.MEMO_LIMIT:
                 memo.clear()
             memo[key] = v
@@ -483,12 +525,21 @@ class FragPolicy(_ViewPolicy):
         else:
             candidates = [_best_fit(view, elig, demand.count)]
         best: tuple[float, float, tuple[int, ...]] | None = None
+        table = self.table
+        aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
         for chosen in candidates:
-            after_gpus = list(gpus)
-            for i in chosen:
-                m, f = after_gpus[i]
-                after_gpus[i] = (m, f - per)
-            delta = self.node_fragmentation(tuple(after_gpus), cpu_after) - before
+            if demand.count == 1:
+                # One GPU changes: update the per-group sums instead of recounting the node.
+                m, f = gpus[chosen[0]]
+                after_aggs = shift_aggregates(aggs, table, m, f, f - per)
+                after = fragmentation_from(node_free - per, after_aggs, cpu_after, table, self.fill_weight)
+            else:
+                after_gpus = list(gpus)
+                for i in chosen:
+                    m, f = after_gpus[i]
+                    after_gpus[i] = (m, f - per)
+                after = self.node_fragmentation(tuple(after_gpus), cpu_after)
+            delta = after - before
             left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
             key = (delta, left)
             if best is None or key < best[:2]:
