@@ -359,6 +359,55 @@ def shift_aggregates(aggs: Aggregates, table: WorkloadTable, model: str, free: i
     return tuple(out)
 
 
+def fragmentation_shifted(
+    total: int,
+    aggs: Aggregates,
+    allowed: tuple[bool, ...],
+    free: int,
+    after: int,
+    cpu_free: int | None,
+    table: WorkloadTable,
+    fill_weight: float = 0.6,
+) -> float:
+    """`fragmentation_from(total, shift_aggregates(...), ...)` in one pass, without building the sums.
+
+    `allowed[i]` says whether group i may use the changed GPU's model; `total` is the node's free
+    capacity after the change. Same arithmetic in the same order, so the same floats.
+    """
+    if total == 0:
+        return 0.0
+    next_pod = fill = 0.0
+    for g, (room, usable, slots), ok_model in zip(table.groups, aggs, allowed, strict=True):
+        per, count = g.per_gpu, g.count
+        if ok_model:
+            if free >= per:
+                room, usable, slots = room - 1, usable - free, slots - free // per
+            if after >= per:
+                room, usable, slots = room + 1, usable + after, slots + after // per
+        if room < count:
+            next_pod += g.prob * total
+            fill += g.prob * total
+            continue
+        if count != 1:
+            slots = room // count
+        stranded = total - usable
+        take = per * count
+        if cpu_free is None:
+            next_pod += g.prob * stranded
+            fill += g.prob * (total - slots * take)
+            continue
+        j = bisect_right(g.cpus, cpu_free)
+        ok = g.cum[j]
+        next_pod += ok * stranded + (g.prob - ok) * total
+        fill += (g.prob - ok) * total
+        cpus, cum = g.cpus, g.cum
+        for i in range(j):
+            cpu = cpus[i]
+            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
+            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
+    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+
+
 def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
     """Expected free GPU capacity on a node that pods drawn from the workload could not use.
 
@@ -431,6 +480,7 @@ class FragPolicy(_ViewPolicy):
         self._table = WorkloadTable((), 0)
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
+        self._allowed: dict[str, tuple[bool, ...]] = {}
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
 
@@ -458,6 +508,7 @@ class FragPolicy(_ViewPolicy):
                     self._pressure = {}
                     self._memo = {}
                     self._agg_memo = {}
+                    self._allowed = {}
                     self._eval_memo = {}
                     self._dirty = False
         return self._table
@@ -469,6 +520,14 @@ class FragPolicy(_ViewPolicy):
             v = sum(g.prob for g in self.table.groups if g.models and _model_allowed(g.models, model))
             self._pressure[model] = v
         return v
+
+    def allowed(self, model: str) -> tuple[bool, ...]:
+        """Per class group of the current table: may it use GPUs of `model`?"""
+        a = self._allowed.get(model)
+        if a is None:
+            a = tuple(not g.models or _model_allowed(g.models, model) for g in self.table.groups)
+            self._allowed[model] = a
+        return a
 
     def aggregates(self, gpus_sorted: GpuView) -> Aggregates:
         """`group_aggregates` of a node's GPUs (sorted, so nodes in the same state share them)."""
@@ -531,8 +590,9 @@ class FragPolicy(_ViewPolicy):
             if demand.count == 1:
                 # One GPU changes: update the per-group sums instead of recounting the node.
                 m, f = gpus[chosen[0]]
-                after_aggs = shift_aggregates(aggs, table, m, f, f - per)
-                after = fragmentation_from(node_free - per, after_aggs, cpu_after, table, self.fill_weight)
+                after = fragmentation_shifted(
+                    node_free - per, aggs, self.allowed(m), f, f - per, cpu_after, table, self.fill_weight
+                )
             else:
                 after_gpus = list(gpus)
                 for i in chosen:
