@@ -1,9 +1,10 @@
 """The trace simulator: the protocol of Weng et al. (ATC '23), scheduling with our own placement code.
 
-Pods are drawn from the workload with replacement in a seeded random order until the GPU units asked
-for reach `tune` x the cluster's capacity; each goes to the node the policy scores highest (first node
-on ties, as `placement.best_node`; uniformly at random among them for a policy with `random_ties`, as
-kube-scheduler does), on the GPUs the policy picks, or fails; pods never leave. After
+Every pod of the workload arrives once in a seeded random order, then pods are drawn with replacement
+until the GPU units asked for reach `tune` x the cluster's capacity (see DRAWS); each goes to the node
+the policy scores highest (first node on ties, as `placement.best_node` and the paper's kube-scheduler
+fork; uniformly at random among them for a policy with `random_ties`, as upstream kube-scheduler
+does), on the GPUs the policy picks, or fails; pods never leave. After
 each arrival: arrived% = units asked so far (failed pods included) / capacity, allocation% = units
 placed / capacity. Unallocated% at arrived t = 100 - allocation% at the first arrival reaching t.
 
