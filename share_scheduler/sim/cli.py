@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from share_scheduler import placement
+from share_scheduler.sim import variants
 from share_scheduler.sim.engine import CURVE_STEP, THRESHOLDS, SeedResult, run_policy
 from share_scheduler.sim.workload import Workload, WorkloadError, load_openb, load_yaml
 
@@ -23,6 +24,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     src.add_argument("--nodes", help="openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)")
     src.add_argument("--pods", help="openb pod list CSV (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...)")
     src.add_argument("--yaml", help="our own cluster+workload YAML (GiB); see share_scheduler/sim/examples/")
+    p.add_argument(
+        "--variant",
+        metavar="FAMILY=VALUE",
+        help="derive variants of the trace as the FGD paper does (comma-separated; 'doc': the docs' table): "
+        "gpushare=20..100 (%% of GPU pods sharing a GPU), "
+        "multigpu=20..50 (%% of GPU demand from multi-GPU pods), gpuspec=5..33 (%% of GPU pods restricted to GPU "
+        "models), cpu=0..3 (x the CPU demand of CPU-only pods); see docs/simulator.md",
+    )
+    p.add_argument("--variant-seed", type=int, default=0, help="seed of the variant's resampling (default 0)")
     p.add_argument("--policy", default="binpack,random,frag", help="comma-separated: " + ",".join(placement.POLICIES))
     p.add_argument("--seeds", type=int, default=10, help="number of seeds to average (default 10)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
@@ -124,14 +134,61 @@ def plot(rows: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+def variant_specs(value: str) -> list[str]:
+    """'gpushare=20,cpu=3' -> both; 'doc' -> every family at the points of docs/simulator.md's table."""
+    if value.strip() == "doc":
+        return [f"{f}={v:g}" for f, points in variants.DOC_POINTS.items() for v in points]
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def format_variant_table(results: list[tuple[str, list[dict]]], policies: list[str]) -> str:
+    """One row per variant: each policy's unallocated GPU % at arrived 100 %, and which is lowest."""
+    seeds = results[0][1][0]["seeds"]
+    lines = [
+        f"unallocated GPU % at arrived 100 %, mean of {seeds} seeds (lower is better)",
+        f"{'variant':<14}" + "".join(f"{p:>10}" for p in policies) + f"{'lowest':>10}",
+    ]
+    for spec, rows in results:
+        values = [row["unallocated_pct"]["100"] for row in rows]
+        cells = "".join(f"{'-':>10}" if v is None else f"{v:>10.2f}" for v in values)
+        known = [(v, row["policy"]) for v, row in zip(values, rows, strict=True) if v is not None]
+        lines.append(f"{spec:<14}{cells}{(min(known)[1] if known else '-'):>10}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         workload = load_yaml(args.yaml) if args.yaml else load_openb(args.nodes, args.pods)
-    except (OSError, WorkloadError) as exc:
+        specs = variant_specs(args.variant) if args.variant else []
+        derived = []
+        if specs:
+            print(f"share-sim: trace: {variants.mix(workload).line()}", file=sys.stderr)
+        for spec in specs:
+            w = variants.derive(workload, spec, args.variant_seed)
+            print(f"share-sim: variant {spec} (seed {args.variant_seed}): {variants.mix(w).line()}", file=sys.stderr)
+            derived.append((spec, w))
+    except (OSError, WorkloadError, variants.VariantError) as exc:
         print(f"share-sim: {exc}", file=sys.stderr)
         return 2
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+    if len(derived) > 1:
+        if args.plot:
+            print("share-sim: --plot draws one workload; give one --variant", file=sys.stderr)
+            return 2
+        results = [(spec, run(w, args.policies, seeds, args.tune, args.jobs)) for spec, w in derived]
+        if args.json:
+            out = [
+                {"variant": spec, **{k: v for k, v in row.items() if not k.startswith("_")}}
+                for spec, rows in results
+                for row in rows
+            ]
+            print(json.dumps(out, indent=2, allow_nan=False))
+        else:
+            print(format_variant_table(results, args.policies))
+        return 0
+    if derived:
+        workload = derived[0][1]
     rows = run(workload, args.policies, seeds, args.tune, args.jobs)
     if args.plot:
         plot(rows, args.plot)

@@ -1,9 +1,10 @@
 """The trace simulator: the protocol of Weng et al. (ATC '23), scheduling with our own placement code.
 
-Pods are drawn from the workload with replacement in a seeded random order until the GPU units asked
-for reach `tune` x the cluster's capacity; each goes to the node the policy scores highest (first node
-on ties, as `placement.best_node`; uniformly at random among them for a policy with `random_ties`, as
-kube-scheduler does), on the GPUs the policy picks, or fails; pods never leave. After
+Every pod of the workload arrives once in a seeded random order, then pods are drawn with replacement
+until the GPU units asked for reach `tune` x the cluster's capacity (see DRAWS); each goes to the node
+the policy scores highest (first node on ties, as `placement.best_node` and the paper's kube-scheduler
+fork; uniformly at random among them for a policy with `random_ties`, as upstream kube-scheduler
+does), on the GPUs the policy picks, or fails; pods never leave. After
 each arrival: arrived% = units asked so far (failed pods included) / capacity, allocation% = units
 placed / capacity. Unallocated% at arrived t = 100 - allocation% at the first arrival reaching t.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from share_scheduler import placement
@@ -24,6 +26,10 @@ from share_scheduler.placement import Demand, NodeView, Policy
 from share_scheduler.sim.workload import Workload
 
 THRESHOLDS = (90, 95, 100, 130)
+# How arrivals are drawn. "trace-first" is the paper's simulator (kubernetes-scheduler-simulator,
+# `Simulate`: the trace's pods shuffled, then `tuneUpPods` appends pods drawn with replacement until
+# the demand reaches tune x capacity); "replacement" draws every arrival with replacement.
+DRAWS = ("trace-first", "replacement")
 CURVE_STEP = 0.5  # arrived-% resolution of the recorded curve
 
 
@@ -40,6 +46,16 @@ class SeedResult:
     curve: list[float] = field(default_factory=list)
     # the final state of every node, in input order (for inspection and tests)
     final: list[NodeView] = field(default_factory=list)
+    # GPU units of the pods that failed before arrived reached 100 %, by pod kind (why a policy loses)
+    failed_units: dict[str, int] = field(default_factory=dict)
+
+
+def pod_kind(demand: Demand) -> str:
+    """share, 1-gpu, N-gpu or cpu, with '@models' when the pod is restricted to GPU models."""
+    if demand.count == 0:
+        return "cpu"
+    kind = f"{demand.count}-gpu" if demand.count > 1 or demand.per_gpu >= 1000 else "share"
+    return kind + ("@" + "|".join(demand.models) if demand.models else "")
 
 
 def build_policy(name: str, seed: int, workload: Workload) -> Policy:
@@ -54,6 +70,9 @@ def build_policy(name: str, seed: int, workload: Workload) -> Policy:
         options["cpu_spec"] = max(cpus)
     if "gpu_spec" in params and workload.gpu_capacity > 0:
         options["gpu_spec"] = max(n.gpu_capacity for n in workload.nodes)
+    if "gpu_unit" in params and workload.gpu_capacity > 0:
+        # fgd's sigmoid counts the change in whole GPUs: 1000 units in the openb trace, GiB in a YAML.
+        options["gpu_unit"] = max(max(n.gpus) for n in workload.nodes if n.gpus)
     policy = placement.make_policy(name, **options)
     for pod in workload.pods:
         policy.observe(pod.demand())
@@ -66,9 +85,15 @@ def simulate(
     seed: int,
     tune: float = 1.3,
     thresholds: tuple[int, ...] = THRESHOLDS,
-    placements: list[tuple[int, tuple[int, tuple[int, ...]] | None]] | None = None,
+    draw: str = "trace-first",
+    placements: list[tuple[int, tuple[int, ...]] | None] | None = None,
+    order: Sequence[int] | None = None,
 ) -> SeedResult:
     """Run one seed of the protocol with one policy object; see the module docstring.
+
+    `order`, when given, is the arrival order itself (pod indices), replayed to its end instead of the
+    seeded draws: a run elsewhere (the real kube-scheduler in bench/bench_dra.py) and the policies see
+    exactly the same arrivals.
 
     `placements`, when given, gets one entry per arrival: (pod index, (node index, GPU positions) or
     None when it failed). The arrivals depend on the seed alone, not on the policy, so the
@@ -122,6 +147,18 @@ def simulate(
     missing = object()
 
     requested = placed = failed = arrivals = 0
+    failed_units: dict[str, int] = {}
+    # The arrival order (see DRAWS): every trace pod once in a seeded random order, then draws with
+    # replacement; or draws with replacement from the start.
+    if draw not in DRAWS:
+        raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
+    pending: list[int] = []
+    if order is not None:
+        pending = list(reversed(order))  # popped from the end
+    elif draw == "trace-first":
+        pending = list(range(npods))
+        rng.shuffle(pending)
+        pending.reverse()
     target = tune * capacity
     marks = sorted(thresholds)
     next_mark = 0
@@ -129,8 +166,8 @@ def simulate(
     curve: list[float] = []
     next_curve = 0.0
 
-    while requested < target:
-        k = rng.randrange(npods)
+    while pending if order is not None else requested < target:
+        k = pending.pop() if pending else rng.randrange(npods)
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]
@@ -182,6 +219,9 @@ def simulate(
 
         if best_ev is None:
             failed += 1
+            if requested <= capacity:
+                kind = pod_kind(demand)
+                failed_units[kind] = failed_units.get(kind, 0) + pod_gpu[k]
         else:
             placed += pod_gpu[k]
             old = node_state[best_node]
@@ -226,11 +266,12 @@ def simulate(
         seconds=time.perf_counter() - started,
         curve=curve,
         final=[state_views[sid] for sid in node_state],
+        failed_units=failed_units,
     )
 
 
-def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3) -> SeedResult:
+def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3, draw: str = "trace-first") -> SeedResult:
     """One seed of one policy, the policy built exactly as the extender builds it."""
-    result = simulate(workload, build_policy(name, seed, workload), seed, tune)
+    result = simulate(workload, build_policy(name, seed, workload), seed, tune, draw=draw)
     result.policy = name
     return result

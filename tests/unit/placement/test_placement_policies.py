@@ -29,7 +29,7 @@ def node(name: str, *frees: int, model: str = "A100", total: int = 1000, **kw) -
     return NodeState(name, tuple(GpuSlot(i, model, total, f) for i, f in enumerate(frees)), **kw)
 
 
-ALL = ["binpack", "bestfit", "spread", "random", "frag"]
+ALL = ["binpack", "bestfit", "spread", "random", "frag", "fgd"]
 
 
 def test_registry_and_make_policy():
@@ -281,3 +281,52 @@ def test_score_and_choose_are_evaluate(name):
         assert ev is not None
         assert policy.score(n, Demand(300)) == ev[0]
         assert policy.choose(n, Demand(300)) == tuple(sorted(indices[i] for i in ev[1]))
+
+
+def test_per_group_sums_update_exactly_when_one_gpu_changes():
+    # frag prices each candidate GPU by updating per-group sums instead of recounting the node.
+    from share_scheduler.placement import fragmentation_from, group_aggregates, shift_aggregates
+
+    t = WorkloadTable.from_counts(
+        {(470, 1, (), 8000): 3.0, (1000, 2, (), 16000): 1.0, (810, 1, ("t4",), 4000): 2.0, (160, 1, (), 0): 1.0}
+    )
+    gpus = (("T4", 1000), ("T4", 530), ("T4", 60), ("T4", 1000))
+    aggs = group_aggregates(gpus, t)
+    for i, (m, f) in enumerate(gpus):
+        for take in (50, 160, 470, 530):
+            if take > f:
+                continue
+            after = list(gpus)
+            after[i] = (m, f - take)
+            assert shift_aggregates(aggs, t, m, f, f - take) == group_aggregates(tuple(after), t)
+            for cpu in (None, 0, 9000, 40000):
+                total = sum(x for _, x in after)
+                assert fragmentation_from(total, shift_aggregates(aggs, t, m, f, f - take), cpu, t) == fragmentation(
+                    tuple(after), cpu, t
+                )
+
+
+def test_frag_charges_for_gpu_models_that_restricted_pods_need():
+    def policy(pressure: float) -> FragPolicy:
+        p = FragPolicy(pressure=pressure)
+        for _ in range(5):
+            p.observe(Demand(1000, models=("t4",)))
+            p.observe(Demand(1000))
+        return p
+
+    t4, g2 = node("t4", 1000, 1000, model="T4"), node("g2", 1000, 1000, model="G2")
+    free, calm = policy(3.0), policy(0.0)
+    # Half the workload may only use T4s: taking 1000 units of a T4 costs 3 x 0.5 x 1000 more.
+    gap = (free.score(g2, Demand(1000)) - free.score(t4, Demand(1000))) - (
+        calm.score(g2, Demand(1000)) - calm.score(t4, Demand(1000))
+    )
+    assert gap == pytest.approx(1500)
+    assert best_node([t4, g2], Demand(1000), free) is g2
+    # A T4-only pod pays the same on every node it may use, so its choice is unchanged.
+    other = node("t4b", 1000, 0, model="T4")
+    assert (
+        best_node([t4, other], Demand(1000, models=("t4",)), free).name
+        == best_node([t4, other], Demand(1000, models=("t4",)), calm).name
+    )
+    with pytest.raises(ValueError, match="pressure"):
+        FragPolicy(pressure=-1)
