@@ -355,22 +355,32 @@ def test_real_scheduler_allocates_the_samples_and_inspect_shows_them(
         for node, (sim, _, _) in nodes.items():
             _bare_node(admin, node)
             cluster.kubectl("apply", "-f", "-", input=json.dumps(_gpu_slice(node, sim)))
-        samples = [d for name in SAMPLE_FILES for d in _docs(SAMPLES / name)]
-        # and the device-plugin samples, rewritten by gpushare-dra-convert (the migration path)
-        converted, _ = convert_all([d for n in CONVERTED for d in _docs(SAMPLES.parent / n)], MemoryUnit.GiB)
-        samples += converted
-        cluster.kubectl("apply", "-n", ns, "-f", "-", input=_list(samples))
+
+        # The T4-only samples go first and are bound before the rest arrive: kube-scheduler spreads the
+        # unrestricted pods over both nodes (LeastAllocated), and in whatever order it takes them they
+        # could fill the two T4s before the pods that can use nothing else.
+        def converted(names: list[str]) -> list[Obj]:
+            # the device-plugin samples, rewritten by gpushare-dra-convert (the migration path)
+            return convert_all([d for n in names for d in _docs(SAMPLES.parent / n)], MemoryUnit.GiB)[0]
+
+        model_only = _docs(SAMPLES / "gpu-model.yaml") + converted(["gpu-model.yaml"])
+        others = [d for name in SAMPLE_FILES if name != "gpu-model.yaml" for d in _docs(SAMPLES / name)]
+        others += converted([n for n in CONVERTED if n != "gpu-model.yaml"])
         # the ResourceClaim controller makes each pod's claim from its template; kube-scheduler allocates it
         cluster.start_controller_manager(controllers=("resourceclaim-controller",))
         scheduler = cluster.launch_scheduler(DEFAULT_PROFILE, "dra-default-scheduler")
-        pods = [d["metadata"]["name"] for d in samples if d["kind"] == "Pod"]
-        deadline = time.monotonic() + 120
-        while True:
-            got = {p: admin.get_pod(ns, p) for p in pods}
-            if all(g["spec"].get("nodeName") for g in got.values()):
-                break
-            assert time.monotonic() < deadline, {p: g.get("status") for p, g in got.items()}
-            time.sleep(0.5)
+        got: dict[str, Obj] = {}
+        for batch in (model_only, others):
+            cluster.kubectl("apply", "-n", ns, "-f", "-", input=_list(batch))
+            pods = [d["metadata"]["name"] for d in batch if d["kind"] == "Pod"]
+            deadline = time.monotonic() + 120
+            while True:
+                now = {p: admin.get_pod(ns, p) for p in pods}
+                if all(g["spec"].get("nodeName") for g in now.values()):
+                    got.update(now)
+                    break
+                assert time.monotonic() < deadline, {p: g.get("status") for p, g in now.items()}
+                time.sleep(0.5)
         claims = _claims(admin, ns)
         placed = {p: g["spec"]["nodeName"] for p, g in got.items()}
 
