@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,12 +42,10 @@ import yaml  # noqa: E402
 from bench_throughput import (  # noqa: E402
     NAMESPACE,
     SIZES,
-    BoundWatch,
     Scenario,
-    apiserver_requests,
-    cpu_seconds,
     delete_all_pods,
     fmt_row,
+    measure_burst,
     run_scenario,
 )
 
@@ -56,7 +53,7 @@ from share_core.kube import ApiServerClient, KubeError  # noqa: E402
 from share_dra.claims import quantity_bytes  # noqa: E402
 from share_scheduler.sim.engine import build_policy, simulate  # noqa: E402
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload, load_openb  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, ready_condition  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, create_node  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane  # noqa: E402
 from tests.controlplane.draworkload import (  # noqa: E402
@@ -119,23 +116,11 @@ def run_dra_scenario(
     from the pod's ResourceClaimTemplate, as in production (bounded by its own client QPS)."""
     sched = cp.start_scheduler(scheduler_config(qps))
     time.sleep(2.0)
-    procs: dict[str, Callable[[], float]] = {
-        "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
-        "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
-        "scheduler": lambda: cpu_seconds(sched.pid),
-        "client": lambda: cpu_seconds(os.getpid(), descendants=False),
-    }
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
-    watch = BoundWatch(admin, pods)
-    before = {k: f() for k, f in procs.items()}
-    requests_before = apiserver_requests(admin)
-    created: dict[str, float] = {}
-    start = time.monotonic()
 
-    def create(i: int) -> None:
+    def create(i: int) -> str:
         name = f"d{i:06d}"
-        t = time.monotonic()
         pod = claim_pod(NAMESPACE, name, name)
         if claims == "direct":
             admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
@@ -143,15 +128,12 @@ def run_dra_scenario(
         else:
             pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": f"gpu-{sizes[i]}gi"}]
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod)
-        created[name] = t
+        return name
 
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(create, range(pods)))
-    if not watch.done.wait(600):
-        raise TimeoutError(f"dra: only {len(watch.bound)}/{pods} pods bound in 600 s")
-    end = max(watch.bound.values())
-    after = {k: f() for k, f in procs.items()}
-    per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in apiserver_requests(admin).items()}
+    try:
+        burst = measure_burst(cp, admin, sched.pid, pods, create)
+    except TimeoutError as exc:
+        raise TimeoutError(f"dra: {exc}") from exc
     fullest = fullest_gpu(admin, gib)
     if fullest > 1:
         raise AssertionError(f"dra: a GPU was promised {fullest:.3f} of its memory")
@@ -160,17 +142,12 @@ def run_dra_scenario(
     admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
     wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
     print(f"# dra: fullest GPU {fullest:.3f} of its memory", file=sys.stderr)
-    latencies = sorted(watch.bound[n] - created[n] for n in created)
     return {
         "label": f"dra (kube-scheduler, {claims})",
         "qps": qps,
-        "pods_per_s": pods / (end - start),
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
-        "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        **burst,
         "extender_ms": {},
         "bind_failures": {},
-        "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
     }
 
 
@@ -308,12 +285,7 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
             workload = Workload(nodes, full.pods, full.unit)
             names = [n.name for n in nodes]
             for n in nodes:
-                admin.request("POST", "/api/v1/nodes", body={"metadata": {"name": n.name, "labels": {
-                    "kubernetes.io/hostname": n.name}}})  # fmt: skip
-                res = {"cpu": f"{n.cpu}m", "memory": f"{n.memory}Mi", "pods": "1000"}
-                admin.request("PATCH", f"/api/v1/nodes/{n.name}/status", content_type="application/merge-patch+json",
-                              body={"status": {"capacity": res, "allocatable": res,
-                                               "conditions": [ready_condition()]}})  # fmt: skip
+                create_node(admin, n.name, {"cpu": f"{n.cpu}m", "memory": f"{n.memory}Mi", "pods": "1000"})
             publish_slices(admin, [(n.name, [(n.model, g) for g in n.gpus]) for n in nodes])
             order = arrival_order(workload, seed, args.tune)
             dra = replay_dra(admin, workload, order, f"s{seed}")

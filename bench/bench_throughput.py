@@ -289,6 +289,58 @@ class BoundWatch:
                             return
 
 
+def measure_burst(
+    cp: ControlPlane,
+    admin: ApiServerClient,
+    scheduler_pid: int,
+    pods: int,
+    create: Callable[[int], str],
+    extender_pid: int | None = None,
+    pace: float = 0,
+) -> dict[str, Any]:
+    """Create `pods` pods (`create(i)` makes pod i and returns its name) all at once, or at `pace` pods/s,
+    and wait until every one is bound: pods/s, create-to-bound latency, CPU per pod of each process and
+    API calls per pod (not watches, not the bench's own GETs of /metrics)."""
+    procs: dict[str, Callable[[], float]] = {
+        "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
+        "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
+        "scheduler": lambda: cpu_seconds(scheduler_pid),
+        "client": lambda: cpu_seconds(os.getpid(), descendants=False),  # the servers are our children
+    }
+    if extender_pid is not None:
+        procs["extender"] = lambda: cpu_seconds(extender_pid)
+    watch = BoundWatch(admin, pods)
+    before = {k: f() for k, f in procs.items()}
+    requests_before = apiserver_requests(admin)
+    created: dict[str, float] = {}
+    start = time.monotonic()
+
+    def one(i: int) -> None:
+        t = time.monotonic()
+        created[create(i)] = t
+
+    if pace:
+        for i in range(pods):
+            time.sleep(max(0.0, start + i / pace - time.monotonic()))
+            one(i)
+    else:
+        with ThreadPoolExecutor(16) as pool:  # the client keeps 16 connections open
+            list(pool.map(one, range(pods)))
+    if not watch.done.wait(600):
+        raise TimeoutError(f"only {len(watch.bound)}/{pods} pods bound in 600 s")
+    end = max(watch.bound.values())
+    after = {k: f() for k, f in procs.items()}
+    per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in apiserver_requests(admin).items()}
+    latencies = sorted(watch.bound[n] - created[n] for n in created)
+    return {
+        "pods_per_s": pods / (end - start),
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
+        "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
+    }
+
+
 def run_scenario(
     sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int, pace: float = 0
 ) -> dict[str, Any]:
@@ -299,58 +351,29 @@ def run_scenario(
         extender, url = start_extender(sc, cp, workdir)
     sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, url + "/gpushare-scheduler")))
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
-    procs: dict[str, Callable[[], float]] = {
-        "etcd": lambda: cpu_seconds(cp._etcd.pid),  # type: ignore[union-attr]
-        "apiserver": lambda: cpu_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
-        "scheduler": lambda: cpu_seconds(sched.pid),
-        "client": lambda: cpu_seconds(os.getpid(), descendants=False),  # the servers are our children
-    }
-    if extender is not None:
-        procs["extender"] = lambda: cpu_seconds(extender.pid)
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
-    watch = BoundWatch(admin, pods)
-    before = {k: f() for k, f in procs.items()}
-    requests_before = apiserver_requests(admin)
-    created: dict[str, float] = {}
-    start = time.monotonic()
 
-    def create(i: int) -> None:
+    def create(i: int) -> str:
         name = f"p{i:06d}"
-        t = time.monotonic()
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
-        created[name] = t
+        return name
 
-    if pace:
-        for i in range(pods):
-            time.sleep(max(0.0, start + i / pace - time.monotonic()))
-            create(i)
-    else:
-        with ThreadPoolExecutor(16) as pool:  # the client keeps 16 connections open
-            list(pool.map(create, range(pods)))
-    if not watch.done.wait(600):
-        raise TimeoutError(f"{sc.label}: only {len(watch.bound)}/{pods} pods bound in 600 s")
-    end = max(watch.bound.values())
-    after = {k: f() for k, f in procs.items()}
-    requests_after = apiserver_requests(admin)
-    per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in requests_after.items()}
+    try:
+        burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{sc.label}: {exc}") from exc
     metrics = extender_metrics(url) if extender is not None else ""
     cp.stop_scheduler()
     if extender is not None:
         extender.stop()
     delete_all_pods(admin)
-    latencies = sorted(watch.bound[n] - created[n] for n in created)
     return {
         "label": sc.label,
         "qps": sc.qps,
-        "pods_per_s": pods / (end - start),
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
-        "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        **burst,
         "extender_ms": extender_latency(metrics),
         "bind_failures": bind_failures(metrics),
-        # API calls per pod that are not watches or the bench's own GETs of /metrics
-        "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
     }
 
 

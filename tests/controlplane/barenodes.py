@@ -30,30 +30,33 @@ def ready_condition() -> dict[str, str]:
             "lastTransitionTime": now}  # fmt: skip
 
 
+def create_node(
+    admin: ApiServerClient,
+    name: str,
+    resources: dict[str, str],
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    addresses: list[dict[str, str]] | None = None,
+) -> None:
+    """One Node object, Ready, with `resources` as its capacity and allocatable (no kubelet behind it)."""
+    metadata: dict[str, Any] = {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}
+    if annotations:
+        metadata["annotations"] = annotations
+    admin.request("POST", "/api/v1/nodes", body={"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+    status: dict[str, Any] = {"capacity": resources, "allocatable": resources, "conditions": [ready_condition()]}
+    if addresses:
+        status["addresses"] = addresses
+    admin.request(
+        "PATCH", f"/api/v1/nodes/{name}/status", body={"status": status}, content_type="application/merge-patch+json"
+    )
+
+
 def create_bare_nodes(admin: ApiServerClient, names: Iterable[str], gpus: int, mem: int, threads: int = 16) -> None:
     """Create each node and set its status (capacity of RESOURCE_MEM = gpus x mem), in parallel."""
 
     def make(name: str) -> None:
-        admin.request(
-            "POST",
-            "/api/v1/nodes",
-            body={
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {"gpushare": "true", "kubernetes.io/hostname": name},
-                    "annotations": {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)},
-                },
-            },
-        )
         res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem)}
-        admin.request(
-            "PATCH",
-            f"/api/v1/nodes/{name}/status",
-            body={"status": {"capacity": res, "allocatable": res, "conditions": [ready_condition()]}},
-            content_type="application/merge-patch+json",
-        )
+        create_node(admin, name, res, {"gpushare": "true"}, {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)})
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(make, names))

@@ -19,7 +19,7 @@ from share_core.kube import ApiServerClient, NotFound
 from share_scheduler.config import scheduler_config
 from share_scheduler.sim.workload import SimNode, SimPod
 from tests.controlplane import ControlPlane
-from tests.controlplane.barenodes import ready_condition
+from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess, free_port
 from tests.controlplane.gpucluster import wait_for
 from tests.integration.livesim import Placement, node_object, node_resources, pod_object
@@ -107,14 +107,7 @@ def _status(url: str) -> int:
 
 def _create_nodes(admin: ApiServerClient, nodes: list[SimNode]) -> None:
     for node in nodes:
-        admin.request("POST", "/api/v1/nodes", body=node_object(node))
-        res = node_resources(node)
-        admin.request(
-            "PATCH",
-            f"/api/v1/nodes/{node.name}/status",
-            body={"status": {"capacity": res, "allocatable": res, "conditions": [ready_condition()]}},
-            content_type="application/merge-patch+json",
-        )
+        create_node(admin, node.name, node_resources(node), annotations=node_object(node)["metadata"]["annotations"])
 
 
 def run_live(

@@ -46,8 +46,9 @@ from share_dra.api import pluginregistration_v1_pb2_grpc as reggrpc
 from share_dra.claims import quantity_bytes
 from share_plugin.backend.sim import sim_uuid
 from tests.controlplane import ControlPlane
-from tests.controlplane.barenodes import ready_condition
+from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.draworkload import device_class
 from tests.controlplane.gpucluster import wait_for
 from tests.unit.chart.helm import cluster_role_rules, render_chart
 
@@ -71,6 +72,23 @@ def plugin_rules(version: tuple[int, int]) -> list[dict]:
         set_values={"mode": "dra", "dra.consumableCapacityGate": True}, kube_version=f"v{version[0]}.{version[1]}.0"
     )
     return cluster_role_rules(docs, "dra-plugin")
+
+
+def grant_plugin_rbac(admin: ApiServerClient, version: tuple[int, int]) -> None:
+    """Bind PLUGIN_USER to exactly the chart's rules for the plugin (`plugin_rules`)."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    admin.request(
+        "POST", f"{rbac}/clusterroles", body={"metadata": {"name": "gpushare-dra"}, "rules": plugin_rules(version)}
+    )
+    admin.request(
+        "POST",
+        f"{rbac}/clusterrolebindings",
+        body={
+            "metadata": {"name": "gpushare-dra"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpushare-dra"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PLUGIN_USER}],
+        },
+    )
 
 
 @dataclass
@@ -297,41 +315,10 @@ def dra_cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         cp.start_scheduler("profiles: [{schedulerName: default-scheduler}]\n")
         cp.start_controller_manager(controllers=("resourceclaim-controller",))
         admin = cluster.admin
-        admin.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            body={"metadata": {"name": "gpushare-dra"}, "rules": plugin_rules(probe.version())},
-        )
-        admin.request(
-            "POST",
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            body={
-                "metadata": {"name": "gpushare-dra"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpushare-dra"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PLUGIN_USER}],
-            },
-        )
-        admin.request(
-            "POST",
-            f"{RES}/deviceclasses",
-            body={
-                "metadata": {"name": DRA_DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER_NAME}"'}}]},
-            },
-        )
+        grant_plugin_rbac(admin, probe.version())
+        admin.request("POST", f"{RES}/deviceclasses", body=device_class())
         for name in NODES:
-            admin.request(
-                "POST",
-                "/api/v1/nodes",
-                body={"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}},
-            )
-            res = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-            admin.request(
-                "PATCH",
-                f"/api/v1/nodes/{name}/status",
-                body={"status": {"capacity": res, "allocatable": res, "conditions": [ready_condition()]}},
-                content_type="application/merge-patch+json",
-            )
+            create_node(admin, name, {"cpu": "64", "memory": "256Gi", "pods": "110"})
             cluster.start_plugin(name)
         for name in NODES:
             wait_for(lambda n=name: cluster.slice_of(n), 30, f"ResourceSlice of {name}")

@@ -31,7 +31,7 @@ from share_dra.slices import resource_slice
 from share_inspect.cli import main as inspect_main
 from share_plugin.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
-from tests.controlplane.barenodes import ready_condition
+from tests.controlplane.barenodes import create_node
 from tests.unit.chart.helm import CHART_DIR, HelmError, Obj, render_chart, run_helm
 
 pytestmark = pytest.mark.integration
@@ -296,28 +296,12 @@ def _gpu_slice(node: str, sim_gpus: str) -> Obj:
 
 def _bare_node(admin: ApiServerClient, name: str) -> None:
     """A Node without a kubelet or any gpushare annotation: its GPUs exist only as a ResourceSlice."""
-    admin.request(
-        "POST",
-        "/api/v1/nodes",
-        body={
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": {"gpushare": "true", "kubernetes.io/hostname": name}},
-        },
-    )
-    res = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-    admin.request(
-        "PATCH",
-        f"/api/v1/nodes/{name}/status",
-        body={
-            "status": {
-                "capacity": res,
-                "allocatable": res,
-                "conditions": [ready_condition()],
-                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-            }
-        },
-        content_type="application/merge-patch+json",
+    create_node(
+        admin,
+        name,
+        {"cpu": "64", "memory": "256Gi", "pods": "110"},
+        {"gpushare": "true"},
+        addresses=[{"type": "InternalIP", "address": "127.0.0.1"}],
     )
 
 

@@ -27,6 +27,7 @@ from share_core.contract import (
 from share_core.kube import ApiServerClient, NotFound
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.draworkload import device_class
 from tests.controlplane.gpucluster import GpuCluster, wait_for
 from tests.node import RealNode
 
@@ -138,14 +139,7 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_restarts(
     cdi_dir = real_node.cdi_dir
     wait_for(lambda: node_slice(real_node), 60, "the real node's slice")
     if not _exists(admin, f"{RES}/deviceclasses/{DRA_DEVICE_CLASS}"):
-        admin.request(
-            "POST",
-            f"{RES}/deviceclasses",
-            body={
-                "metadata": {"name": DRA_DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER_NAME}"'}}]},
-            },
-        )
+        admin.request("POST", f"{RES}/deviceclasses", body=device_class())
     request = {"deviceClassName": DRA_DEVICE_CLASS, "capacity": {"requests": {DRA_CAPACITY_MEMORY: "3Gi"}}}
     claim = admin.request(
         "POST",

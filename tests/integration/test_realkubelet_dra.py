@@ -39,9 +39,10 @@ from share_dra.claims import quantity_bytes
 from share_plugin.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.draworkload import device_class
 from tests.controlplane.gpucluster import wait_for
 from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
-from tests.integration.test_dra import PLUGIN_USER, RES, plugin_rules
+from tests.integration.test_dra import PLUGIN_USER, RES, grant_plugin_rbac
 from tests.node import RealNode
 
 pytestmark = [
@@ -82,29 +83,8 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cp.start_scheduler("profiles: [{schedulerName: default-scheduler}]\n")
         cp.start_controller_manager(controllers=("resourceclaim-controller",))
         node = RealNode(cp, NODE, workdir / "node").start()  # kubelet runs with the control plane's gates
-        rbac = "/apis/rbac.authorization.k8s.io/v1"
-        node.admin.request(
-            "POST",
-            f"{rbac}/clusterroles",
-            body={"metadata": {"name": "gpushare-dra"}, "rules": plugin_rules(probe.version())},
-        )
-        node.admin.request(
-            "POST",
-            f"{rbac}/clusterrolebindings",
-            body={
-                "metadata": {"name": "gpushare-dra"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpushare-dra"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PLUGIN_USER}],
-            },
-        )
-        node.admin.request(
-            "POST",
-            f"{RES}/deviceclasses",
-            body={
-                "metadata": {"name": DRA_DEVICE_CLASS},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER_NAME}"'}}]},
-            },
-        )
+        grant_plugin_rbac(node.admin, probe.version())
+        node.admin.request("POST", f"{RES}/deviceclasses", body=device_class())
         node.admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
         plugin_dir = node.plugins_dir / DRA_DRIVER_NAME
         plugin_dir.mkdir(parents=True, exist_ok=True)
