@@ -341,6 +341,36 @@ def measure_burst(
     }
 
 
+PPROF_DIR: Path | None = None  # --pprof: CPU profiles of kube-apiserver and kube-scheduler per scenario
+PPROF_SECONDS = 12
+
+
+def capture_pprof(cp: ControlPlane, scheduler_port: int, label: str) -> None:
+    """Go CPU profiles taken during the burst (`go tool pprof -top FILE` reads them)."""
+    import ssl
+
+    assert PPROF_DIR is not None
+    context = ssl.create_default_context(cafile=str(cp.ca_cert))
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # kube-scheduler's serving cert is self-signed
+    cert = cp._admin_cert  # type: ignore[attr-defined]
+    context.load_cert_chain(str(cert.cert), str(cert.key))
+    time.sleep(1.5)  # into the burst
+    targets = {"apiserver": cp.server, "scheduler": f"https://127.0.0.1:{scheduler_port}"}
+
+    def fetch(item: tuple[str, str]) -> None:
+        name, base = item
+        url = f"{base}/debug/pprof/profile?seconds={PPROF_SECONDS}"
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=PPROF_SECONDS + 30) as resp:
+                (PPROF_DIR / f"{label}-{name}.pb.gz").write_bytes(resp.read())
+        except OSError as exc:
+            print(f"# pprof {name}: {exc}", file=sys.stderr)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(fetch, targets.items()))
+
+
 def run_scenario(
     sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int, pace: float = 0
 ) -> dict[str, Any]:
@@ -359,10 +389,16 @@ def run_scenario(
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
         return name
 
+    profiler = None
+    if PPROF_DIR is not None:
+        profiler = threading.Thread(target=capture_pprof, args=(cp, sched.port, sc.label), daemon=True)
+        profiler.start()
     try:
         burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace)
     except TimeoutError as exc:
         raise TimeoutError(f"{sc.label}: {exc}") from exc
+    if profiler is not None:
+        profiler.join()
     metrics = extender_metrics(url) if extender is not None else ""
     cp.stop_scheduler()
     if extender is not None:
@@ -448,12 +484,17 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--pace", type=float, default=0, help="create pods at this rate (pods/s) instead of at once")
+    ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
     args = ap.parse_args()
+    if args.pprof:
+        global PPROF_DIR
+        args.pprof.mkdir(parents=True, exist_ok=True)
+        PPROF_DIR = args.pprof.resolve()
 
     qps_values = [int(q) for q in args.qps.split(",")]
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         workdir = Path(tmp)
-        cp = ControlPlane(workdir / "cp", k8s_bin_dir())
+        cp = ControlPlane(workdir / "cp", k8s_bin_dir(), profiling=PPROF_DIR is not None)
         cp.start()
         try:
             admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")

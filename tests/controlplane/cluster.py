@@ -219,9 +219,11 @@ class ControlPlane:
         bin_dir: Path | str,
         service_accounts: bool = False,
         feature_gates: Mapping[str, bool] | None = None,
+        profiling: bool = False,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.service_accounts = service_accounts
+        self.profiling = profiling  # kube-apiserver's /debug/pprof (bench/ reads it; off in tests)
         # Gates still off by default in the release under test that a test needs (e.g. DRAConsumableCapacity
         # before 1.36): passed to kube-apiserver, kube-scheduler and kube-controller-manager alike.
         self.feature_gates = dict(feature_gates or {})
@@ -625,7 +627,7 @@ class ControlPlane:
                 "--requestheader-group-headers=X-Remote-Group",
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 "--allow-privileged=true",
-                "--profiling=false",
+                f"--profiling={str(self.profiling).lower()}",
                 f"--cert-dir={self.pki_dir / 'apiserver-generated'}",
                 *self.feature_gate_args(),
                 "--v=1",
