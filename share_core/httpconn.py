@@ -75,7 +75,9 @@ class ConnectionPool:
         self.host = parts.hostname
         self.port = parts.port or (443 if self.https else 80)
         self.netloc = parts.netloc
-        self._ssl_context = ssl_context if ssl_context is not None else (ssl.create_default_context if self.https else None)
+        self._ssl_context = (
+            ssl_context if ssl_context is not None else (ssl.create_default_context if self.https else None)
+        )
         self.server_hostname = server_hostname or self.host
         self.max_idle = max_idle
         self._idle: list[_Connection] = []
@@ -174,8 +176,10 @@ class ConnectionPool:
         except BaseException:
             conn.close()
             raise
-        if headers.get("connection", "").lower() == "close" or "content-length" not in headers and (
-            "chunked" not in headers.get("transfer-encoding", "").lower() and _has_body(method, status)
+        if (
+            headers.get("connection", "").lower() == "close"
+            or "content-length" not in headers
+            and ("chunked" not in headers.get("transfer-encoding", "").lower() and _has_body(method, status))
         ):
             conn.close()
         else:

@@ -30,6 +30,7 @@ from share_scheduler.cache import ClusterCache, demand_of
 from share_scheduler.extender import (
     FILTER_KEEPS,
     BadRequest,
+    BestNodeIndex,
     ScoreMemo,
     best_nodes,
     filter_nodes,
@@ -164,6 +165,7 @@ def create_app(
         assigned_events=bind_events == "all",
     )
     memo = ScoreMemo(policy)
+    index = BestNodeIndex(policy, cache, memo, binder.policy_lock) if BestNodeIndex.usable(policy) else None
 
     def observe(req: PodRequest) -> None:
         # Workload-aware policies (frag) learn the pod-size distribution from every pod we see,
@@ -184,6 +186,7 @@ def create_app(
         "syncer": syncer,
         "metrics": metrics,
         "memo": memo,
+        "index": index,
         "events": events,
     }
 
@@ -209,14 +212,17 @@ def create_app(
             return _json(filter_result(args, None, {}, {}, "gpushare extender is still syncing its cache; retry"))
         request, demand = wanted
         binder.remember(args.pod, request)
-        entries = cache.entries(args.names)
         if keep_best:
-            passed = best_nodes(policy_scores(policy, demand, entries, memo, binder.policy_lock), random_ties)
+            if index is not None:
+                passed = index.best(demand, args.names)
+            else:
+                entries = cache.entries(args.names)
+                passed = best_nodes(policy_scores(policy, demand, entries, memo, binder.policy_lock), random_ties)
             failed, unresolvable = {}, {}
             if not passed:
-                _, failed, unresolvable = filter_nodes(demand, entries, unit)
+                _, failed, unresolvable = filter_nodes(demand, cache.entries(args.names), unit)
         else:
-            passed, failed, unresolvable = filter_nodes(demand, entries, unit)
+            passed, failed, unresolvable = filter_nodes(demand, cache.entries(args.names), unit)
         if len(passed) == 1:
             # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
             binder.hold(args.pod, passed[0], demand)

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL = 300.0  # seconds an assumed pod counts without the API server confirming its Binding
 HOLD_TTL = 30.0  # seconds filter's hold on a node's GPUs waits for the pod's bind
+CHANGE_LOG_LIMIT = 200_000  # node changes kept for node_changes() readers; one that falls behind re-reads all
 VIEW_INTERN_LIMIT = 50_000  # distinct node views remembered for sharing view ids (at least 4 per node)
 
 
@@ -205,6 +206,10 @@ class ClusterCache:
         # Views seen -> their ids, so nodes in equal states share one id. Bounded: when it is full it
         # starts afresh; ids are never reused, so older snapshots keep ids that still name their view.
         self._views: dict[NodeView, int] = {}
+        # Names of nodes whose snapshot changed, in order (node_changes): lets a reader keep per-node
+        # derived data current by visiting only what moved. `_changes[0]` is change number `_changes_base`.
+        self._changes: list[str] = []
+        self._changes_base = 0
 
     def set_observer(self, on_new_pod: Callable[[PodRequest], None] | None) -> None:
         """Called once per pod that asks for GPU memory (under the cache lock: keep it quick)."""
@@ -220,6 +225,13 @@ class ClusterCache:
 
     # -- internal: keep used vectors equal to the sum of contributions ---------------------------
 
+    def _changed(self, name: str) -> None:
+        self._changes.append(name)
+        if len(self._changes) > CHANGE_LOG_LIMIT:
+            drop = len(self._changes) // 2
+            del self._changes[:drop]
+            self._changes_base += drop
+
     def _apply(self, c: Contribution, sign: int) -> None:
         entry = self._nodes.get(c.node)
         if entry is None:
@@ -229,6 +241,7 @@ class ClusterCache:
             if pos is not None:
                 entry.used[pos] += sign * c.per_gpu
         entry.touch()
+        self._changed(c.node)
 
     def _effective(self, key: str) -> Contribution | None:
         """Pure rule: a pod bound per the API counts as the API says; else our assumption counts."""
@@ -296,6 +309,7 @@ class ClusterCache:
                 if pos is not None:
                     entry.used[pos] += c.per_gpu
         entry.touch()
+        self._changed(name)
 
     # -- nodes -----------------------------------------------------------------------------------
 
@@ -324,6 +338,7 @@ class ClusterCache:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
                 self.generation += 1
+                self._changed(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
         """A full list: the nodes it lacks are gone."""
@@ -335,6 +350,7 @@ class ClusterCache:
             for name in set(self._nodes) - names:
                 del self._nodes[name]
                 self.generation += 1
+                self._changed(name)
             self._synced["nodes"] = True
             if self._synced["pods"]:
                 self._warm()
@@ -489,6 +505,27 @@ class ClusterCache:
             get = self._nodes.get
             snapshot = self._snapshot
             return [(name, None if (e := get(name)) is None else (e._snap or snapshot(e))) for name in names]
+
+    def node_changes(self, cursor: int | None) -> tuple[int, list[tuple[str, NodeSnapshot | None]], bool]:
+        """The nodes whose snapshot changed since `cursor` (a cursor this returned before), each with
+        its snapshot now (None: the node is gone), and the cursor for next time. When `cursor` is None
+        or older than the log reaches, every node instead, and True: start afresh from these."""
+        with self._lock:
+            self._expire()
+            end = self._changes_base + len(self._changes)
+            get = self._nodes.get
+            snapshot = self._snapshot
+            if cursor is None or cursor < self._changes_base:
+                return end, [(name, e._snap or snapshot(e)) for name, e in self._nodes.items()], True
+            names = dict.fromkeys(self._changes[cursor - self._changes_base :])
+            return (
+                end,
+                [(name, None if (e := get(name)) is None else (e._snap or snapshot(e))) for name in names],
+                False,
+            )
+
+    def node_count(self) -> int:
+        return len(self._nodes)
 
     def node_names(self) -> list[str]:
         with self._lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 
 import pytest
@@ -131,7 +132,10 @@ def test_errors_are_typed(admin: ApiServerClient, control_plane: ControlPlane) -
     nobody = ApiServerClient.from_kubeconfig(str(control_plane.kubeconfig_for("nobody")))
     with pytest.raises(Forbidden, match="cannot list resource"):
         nobody.list_pods()
-    unreachable = ApiServerClient(admin._cfg, timeout=1.0)
-    unreachable.host = "https://127.0.0.1:1"
-    with pytest.raises(Unavailable):
+    cfg = copy.copy(admin._cfg)
+    cfg.host = "https://127.0.0.1:1"
+    unreachable = ApiServerClient(cfg, timeout=1.0)
+    with pytest.raises(Unavailable, match="unreachable"):
         unreachable.get_node("x")
+    with pytest.raises(Unavailable):
+        next(iter(unreachable.watch_nodes("0", timeout_seconds=1)))

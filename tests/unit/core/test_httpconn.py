@@ -85,7 +85,10 @@ class Server:
 
 def ok(body: bytes = b'{"kind":"Status"}', status: str = "201 Created") -> Handler:
     def handle(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        conn.sendall(
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         return True
 
     return handle

@@ -185,3 +185,54 @@ def test_extender_prioritize_and_inspect_after_binds(kube, extender_factory):
     assert view["nodes"][0]["gpus"][0]["allocated"] == 4 and view["nodes"][0]["gpus"][0]["free"] == 12
     text = ext.client.get("/metrics").get_data(as_text=True)
     assert 'gpushare_gpu_memory_allocated{gpu="0",node="node-b",uuid="GPU-node-b-0"} 4.0' in text
+
+
+def test_best_node_index_answers_as_scoring_every_node_does():
+    """BestNodeIndex (filter's answer from per-demand heaps kept current from the cache's change log)
+    chooses exactly what best_nodes(policy_scores(...)) chooses, over random pods, holds, assumptions,
+    node arrivals and departures, demands, and subsets of nodes kube-scheduler passes."""
+    import threading
+
+    from share_scheduler.extender import BestNodeIndex, best_nodes, policy_scores
+
+    rng = random.Random(11)
+    names = [f"n{i:02d}" for i in range(24)]
+    demands = [Demand(per_gpu=m, count=c) for m in (1, 2, 4, 8, 12) for c in (1, 2)] + [
+        Demand(per_gpu=4, models=("NVIDIA T4",))
+    ]
+    for policy_name in ("binpack", "spread", "frag"):
+        policy = make_policy(policy_name)
+        memo, lock = ScoreMemo(policy), threading.Lock()
+        cache = cache_with({n: [16, 16, 8] for n in names})
+        index = BestNodeIndex(policy, cache, memo, lock)
+        live = set(names)
+        pods: list[dict] = []
+        checked = 0
+        for step in range(400):
+            action = rng.random()
+            if action < 0.35:
+                node, gpu = rng.choice(sorted(live)), rng.randrange(3)
+                pod = holder(f"p{step}", node, gpu, rng.choice([1, 2, 4, 6]))
+                cache.upsert_pod(pod)
+                pods.append(pod)
+            elif action < 0.5 and pods:
+                cache.delete_pod(pods.pop(rng.randrange(len(pods))))
+            elif action < 0.6:
+                cache.hold(f"default/h{step}", f"uid-h{step}", Contribution(rng.choice(sorted(live)), (0,), 2))
+            elif action < 0.65:
+                gone = rng.choice(sorted(live))
+                cache.delete_node(gone)
+                live.discard(gone)
+            elif action < 0.7:
+                back = rng.choice(names)
+                cache.upsert_node(make_node(back, rng.choice([[16, 16, 8], [24], [16, 16]])))
+                live.add(back)
+            if policy_name == "frag" and step % 50 == 0:
+                policy.observe(rng.choice(demands))  # the learned workload moves: scores may all change
+                memo.invalidate()
+            demand = rng.choice(demands)
+            asked = names if rng.random() < 0.7 else rng.sample(names, rng.randrange(4, len(names)))
+            expected = best_nodes(policy_scores(policy, demand, cache.entries(asked), memo, lock))
+            assert index.best(demand, asked) == expected, (policy_name, step, demand)
+            checked += 1
+        assert checked == 400 and index.rebuilds < 200, "the index is updated in place, not rebuilt per request"
