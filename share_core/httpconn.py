@@ -37,7 +37,7 @@ class Response:
 
 
 class _Connection:
-    __slots__ = ("sock", "reader", "reused")
+    __slots__ = ("reader", "reused", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -178,8 +178,8 @@ class ConnectionPool:
             raise
         if (
             headers.get("connection", "").lower() == "close"
-            or "content-length" not in headers
-            and ("chunked" not in headers.get("transfer-encoding", "").lower() and _has_body(method, status))
+            or ("content-length" not in headers
+            and ("chunked" not in headers.get("transfer-encoding", "").lower() and _has_body(method, status)))
         ):
             conn.close()
         else:

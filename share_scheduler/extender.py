@@ -396,7 +396,7 @@ def best_nodes(scores: Mapping[str, float], random_ties: bool = False) -> list[s
 class _Ranking:
     """One demand's scores over every node, as a heap ordered as best_nodes decides."""
 
-    __slots__ = ("heap", "current", "cursor", "table")
+    __slots__ = ("current", "cursor", "heap", "table")
 
     def __init__(self, table: dict[int, float], cursor: int) -> None:
         self.heap: list[tuple[float, str, int]] = []  # (-score, name, view id); stale entries stay until seen
