@@ -176,11 +176,9 @@ class ConnectionPool:
         except BaseException:
             conn.close()
             raise
-        if (
-            headers.get("connection", "").lower() == "close"
-            or ("content-length" not in headers
-            and ("chunked" not in headers.get("transfer-encoding", "").lower() and _has_body(method, status)))
-        ):
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        body_ended_by_close = _has_body(method, status) and not chunked and "content-length" not in headers
+        if body_ended_by_close or headers.get("connection", "").lower() == "close":
             conn.close()
         else:
             self._give_back(conn)
