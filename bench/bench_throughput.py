@@ -450,8 +450,36 @@ def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list
 # --------------------------------------------------------------------------- main
 
 
+def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scenario: the median of each figure over the rounds (the ratio is taken per round,
+    against that round's kube-scheduler alone, then the median of those)."""
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        rows.setdefault((r["label"], r["qps"]), []).append(r)
+    out = []
+    for (label, qps), runs in rows.items():
+        med = statistics.median
+        out.append({
+            "label": f"{label} ({len(runs)} rounds)",
+            "qps": qps,
+            "pods_per_s": med(r["pods_per_s"] for r in runs),
+            "ratio": med(r["ratio"] for r in runs),
+            "ratios": [round(r["ratio"], 2) for r in runs],
+            "p50_ms": med(r["p50_ms"] for r in runs),
+            "p99_ms": med(r["p99_ms"] for r in runs),
+            "cpu_ms_per_pod": {k: med(r["cpu_ms_per_pod"][k] for r in runs) for k in runs[0]["cpu_ms_per_pod"]},
+            "api_per_pod": runs[-1]["api_per_pod"],
+            "extender_ms": runs[-1]["extender_ms"],
+            "bind_failures": {k: sum(r["bind_failures"].get(k, 0) for r in runs) for k in runs[-1]["bind_failures"]},
+        })  # fmt: skip
+    return out
+
+
 def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
-    ratio = r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan")
+    ratio = r.get("ratio", r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan"))
+    ratio_text = f"x{ratio:4.2f}"
+    if "ratios" in r:
+        ratio_text += f" (rounds: {', '.join(map(str, r['ratios']))})"
     cpu = r["cpu_ms_per_pod"]
     cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in ("etcd", "apiserver", "scheduler", "extender", "client") if k in cpu)
     ext = " ".join(
@@ -462,7 +490,7 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
         ext += " bind failures: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(r["bind_failures"].items()))
     api = " ".join(f"{k}={v:.2f}" for k, v in r["api_per_pod"].items())
     return (
-        f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  x{ratio:4.2f}  "
+        f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  {ratio_text}  "
         f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms mean/p50/p99: {ext}"
         f"\n{'':<28} API calls per pod: {api}"
     )
@@ -484,6 +512,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--pace", type=float, default=0, help="create pods at this rate (pods/s) instead of at once")
+    ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
+                    "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
     ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
     args = ap.parse_args()
     if args.pprof:
@@ -528,16 +558,20 @@ def main() -> int:
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
             results = []
-            alone: dict[int, float] = {}
-            for sc in scenarios:
-                r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed, args.pace)
-                if sc.policy is None:
-                    alone[sc.qps] = r["pods_per_s"]
-                results.append(r)
-                print(fmt_row(r, alone), flush=True)
-            print(f"\n# {args.nodes} nodes, {args.pods} pods; x = pods/s over kube-scheduler alone at that QPS")
-            for r in results:
-                print(fmt_row(r, alone))
+            for round_ in range(args.rounds):
+                alone: dict[int, float] = {}
+                for sc in scenarios:
+                    r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed, args.pace)
+                    if sc.policy is None:
+                        alone[sc.qps] = r["pods_per_s"]
+                    r["ratio"] = r["pods_per_s"] / alone[sc.qps] if sc.qps in alone else float("nan")
+                    r["round"] = round_
+                    results.append(r)
+                    print(fmt_row(r, alone), flush=True)
+            print(f"\n# {args.nodes} nodes, {args.pods} pods; x = pods/s over kube-scheduler alone at that QPS"
+                  + (f" in the same round; medians over {args.rounds} rounds" if args.rounds > 1 else ""))  # fmt: skip
+            for row in summarise(results) if args.rounds > 1 else results:
+                print(fmt_row(row, {}))
         except (KubeError, TimeoutError) as exc:
             print(f"bench failed: {exc}\n{cp.logs()}", file=sys.stderr)
             return 1
