@@ -165,7 +165,7 @@ class ConnectionPool:
                 raise ConnectionResetError("connection closed before any answer")
             answered = True
             status = _parse_status(status_line)
-            headers = _read_headers(conn.reader)
+            headers = read_headers(conn.reader)
             data = _read_body(conn.reader, method, status, headers)
         except (OSError, ssl.SSLError, ValueError) as exc:
             conn.close()
@@ -196,7 +196,7 @@ def _parse_status(line: bytes) -> int:
     return int(parts[1])
 
 
-def _read_headers(reader: object) -> dict[str, str]:
+def read_headers(reader: object) -> dict[str, str]:
     headers: dict[str, str] = {}
     readline = reader.readline  # type: ignore[attr-defined]
     for _ in range(MAX_HEADERS):

@@ -113,16 +113,6 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status=status, mimetype="application/json")
 
 
-def _read_json() -> Any:
-    raw = request.get_data(cache=False)
-    if not raw:
-        raise BadRequest("request body is empty")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not JSON: {exc}") from exc
-
-
 def create_app(
     kube: KubeClient,
     policy: Policy | str = "binpack",
@@ -190,26 +180,27 @@ def create_app(
         "events": events,
     }
 
-    def timed(verb: str, fn: Callable[[], Response]) -> Response:
-        start = time.perf_counter()
+    def read_body(raw: bytes) -> Any:
+        if not raw:
+            raise BadRequest("request body is empty")
         try:
-            return fn()
-        finally:
-            metrics.latency.labels(verb).observe(time.perf_counter() - start)
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not JSON: {exc}") from exc
 
-    def do_filter() -> Response:
+    def do_filter(raw: bytes) -> tuple[int, Any]:
         try:
-            args = parse_extender_args(_read_json())
+            args = parse_extender_args(read_body(raw))
         except BadRequest as exc:
-            return _json(filter_error(str(exc)), 400)
+            return 400, filter_error(str(exc))
         try:
             wanted = pod_demand(args.pod)
         except InvalidRequest as exc:
-            return _json(filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc)))
+            return 200, filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc))
         if wanted is None:
-            return _json(filter_result(args, None, {}, {}))  # not ours: pass every node through
+            return 200, filter_result(args, None, {}, {})  # not ours: pass every node through
         if not cache.synced:
-            return _json(filter_result(args, None, {}, {}, "gpushare extender is still syncing its cache; retry"))
+            return 200, filter_result(args, None, {}, {}, "gpushare extender is still syncing its cache; retry")
         request, demand = wanted
         binder.remember(args.pod, request)
         if keep_best:
@@ -226,50 +217,70 @@ def create_app(
         if len(passed) == 1:
             # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
             binder.hold(args.pod, passed[0], demand)
-        return _json(filter_result(args, passed, failed, unresolvable))
+        return 200, filter_result(args, passed, failed, unresolvable)
 
-    def do_prioritize() -> Response:
+    def do_prioritize(raw: bytes) -> tuple[int, Any]:
         try:
-            args = parse_extender_args(_read_json())
+            args = parse_extender_args(read_body(raw))
             wanted = pod_demand(args.pod)
         except BadRequest as exc:
-            return _json({"Error": str(exc)}, 400)
+            return 400, {"Error": str(exc)}
         except InvalidRequest as exc:
             # kube-scheduler only logs a failed prioritize; 400 keeps our scores out of the sum.
-            return _json({"Error": str(exc)}, 400)
+            return 400, {"Error": str(exc)}
         if wanted is None:
-            return _json([{"Host": n, "Score": 0} for n in args.names])
+            return 200, [{"Host": n, "Score": 0} for n in args.names]
         _, demand = wanted
         entries = cache.entries(args.names)
-        return _json(prioritize(policy, demand, entries, memo, binder.policy_lock))
+        return 200, prioritize(policy, demand, entries, memo, binder.policy_lock)
 
-    def do_bind() -> Response:
+    def do_bind(raw: bytes) -> tuple[int, Any]:
         try:
-            args = parse_bind_args(_read_json())
+            args = parse_bind_args(read_body(raw))
         except BadRequest as exc:
             metrics.bind_failures.labels("bad_request").inc()
-            return _json({"Error": str(exc)}, 400)
+            return 400, {"Error": str(exc)}
         if not cache.synced:
             metrics.bind_failures.labels("not_synced").inc()
-            return _json({"Error": "gpushare extender is still syncing its cache; retry"})
+            return 200, {"Error": "gpushare extender is still syncing its cache; retry"}
         try:
             binder.bind(args)
         except BindError as exc:
-            return _json({"Error": str(exc)})
+            return 200, {"Error": str(exc)}
         metrics.binds.inc()
-        return _json({"Error": ""})
+        return 200, {"Error": ""}
 
-    @app.post(f"{EXTENDER_PREFIX}/filter")
-    def filter_route() -> Response:
-        return timed("filter", do_filter)
+    def timed(verb: str, fn: Callable[[bytes], tuple[int, Any]]) -> Callable[[bytes], tuple[int, bytes]]:
+        latency = metrics.latency.labels(verb)
 
-    @app.post(f"{EXTENDER_PREFIX}/prioritize")
-    def prioritize_route() -> Response:
-        return timed("prioritize", do_prioritize)
+        def run(raw: bytes) -> tuple[int, bytes]:
+            start = time.perf_counter()
+            try:
+                status, body = fn(raw)
+                return status, orjson.dumps(body)
+            finally:
+                latency.observe(time.perf_counter() - start)
 
-    @app.post(f"{EXTENDER_PREFIX}/bind")
-    def bind_route() -> Response:
-        return timed("bind", do_bind)
+        return run
+
+    # The scheduling verbs as plain functions, request body in, (status, JSON body) out: the Flask
+    # routes below call them, and so does share_scheduler.server's lean front for kube-scheduler.
+    verbs = {"filter": timed("filter", do_filter), "prioritize": timed("prioritize", do_prioritize),
+             "bind": timed("bind", do_bind)}  # fmt: skip
+    app.extensions["gpushare"]["verbs"] = {f"{EXTENDER_PREFIX}/{verb}": fn for verb, fn in verbs.items()}
+
+    def verb_route(verb: str) -> Callable[[], Response]:
+        fn = verbs[verb]
+
+        def route() -> Response:
+            status, body = fn(request.get_data(cache=False))  # over MAX_CONTENT_LENGTH: 413 below
+            return Response(body, status=status, mimetype="application/json")
+
+        route.__name__ = f"{verb}_route"
+        return route
+
+    for verb in verbs:
+        app.add_url_rule(f"{EXTENDER_PREFIX}/{verb}", view_func=verb_route(verb), methods=["POST"])
 
     @app.get(f"{EXTENDER_PREFIX}/inspect")
     def inspect_all() -> Response:

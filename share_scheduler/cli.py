@@ -1,4 +1,4 @@
-"""`share-scheduler`: serve the extender under gunicorn, or print the kube-scheduler configuration."""
+"""`share-scheduler`: serve the extender (share_scheduler.server), or print the kube-scheduler configuration."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-from gunicorn.app.base import BaseApplication
 
 from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
 from share_scheduler.binder import BIND_EVENTS
@@ -19,62 +16,42 @@ from share_scheduler.placement import POLICIES
 log = logging.getLogger("share_scheduler")
 
 
-class ExtenderServer(BaseApplication):  # type: ignore[misc]
-    """gunicorn, configured in code: ONE worker process with threads.
+def serve(a: argparse.Namespace) -> None:
+    """ONE process, threads: the cache, the per-node bind locks and the assumed pods live in this
+    process's memory; two processes would each hold their own view and could promise the same GPU
+    memory twice. One is also all that is ever needed: kube-scheduler's leader election means a
+    single scheduler, hence a single extender, is called at a time; threads let filter run while
+    binds wait on the API server."""
+    from share_core.kube import ApiServerClient
+    from share_scheduler.app import MAX_BODY, create_app
+    from share_scheduler.server import ExtenderServer
 
-    Why one worker: the cache, the per-node bind locks and the assumed pods live in this process's
-    memory. Two workers would each hold their own view and could promise the same GPU memory twice.
-    One is also all that is ever needed: kube-scheduler's leader election means a single scheduler,
-    hence a single extender, is called at a time; threads let filter/prioritize run while a bind waits
-    on the API server.
-    """
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        super().__init__()
-
-    def load_config(self) -> None:
-        a = self.args
-        settings: dict[str, Any] = {
-            "bind": [f"{a.bind_address}:{a.port}"],
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": a.threads,
-            "timeout": 120,  # a 5,000-node list at start must not look like a hung worker
-            "graceful_timeout": 10,
-            "loglevel": a.log_level.lower(),
-            "accesslog": "-" if a.log_level.upper() == "DEBUG" else None,
-            "preload_app": False,  # build the app (and start its watch threads) in the worker, after fork
-        }
-        for key, value in settings.items():
-            self.cfg.set(key, value)
-
-    def load(self) -> Any:
-        from share_core.kube import ApiServerClient
-        from share_scheduler.app import create_app
-
-        a = self.args
-        # One kept-open connection per serving thread (each bind is one API call), plus the two watches.
-        kube = ApiServerClient.from_kubeconfig(
-            a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
-        )
-        log.info(
-            "gpushare extender: policy %s (filter keeps %s nodes), unit %s, %d threads, listening on %s:%d",
-            a.policy,
-            a.filter_keeps,
-            a.memory_unit,
-            a.threads,
-            a.bind_address,
-            a.port,
-        )
-        return create_app(
-            kube,
-            policy=a.policy,
-            unit=MemoryUnit.parse(a.memory_unit),
-            assume_ttl=a.assume_ttl,
-            filter_keeps=a.filter_keeps,
-            bind_events=a.bind_events,
-        )
+    # One kept-open connection per serving thread (each bind is one API call), plus the two watches.
+    kube = ApiServerClient.from_kubeconfig(
+        a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
+    )
+    log.info(
+        "gpushare extender: policy %s (filter keeps %s nodes), unit %s, %d threads, listening on %s:%d",
+        a.policy,
+        a.filter_keeps,
+        a.memory_unit,
+        a.threads,
+        a.bind_address,
+        a.port,
+    )
+    app = create_app(
+        kube,
+        policy=a.policy,
+        unit=MemoryUnit.parse(a.memory_unit),
+        assume_ttl=a.assume_ttl,
+        filter_keeps=a.filter_keeps,
+        bind_events=a.bind_events,
+    )
+    server = ExtenderServer(
+        app, app.extensions["gpushare"]["verbs"], a.bind_address, a.port, threads=a.threads, max_body=MAX_BODY
+    )
+    server.serve_forever()
+    app.extensions["gpushare"]["syncer"].stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--threads",
             type=int,
             default=d(32),
-            help="gunicorn threads in the one worker (default 32): kube-scheduler's binds arrive concurrently "
+            help="serving threads in the one process (default 32): kube-scheduler's binds arrive concurrently "
             "and each waits on the API server; a filter must never queue behind them",
         )
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -166,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    ExtenderServer(args).run()
+    serve(args)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`share-scheduler`: flags, print-config's shape against upstream field names, and a real gunicorn run."""
+"""`share-scheduler`: flags, print-config's shape against upstream field names, and a real server run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import urllib.request
 
 import yaml
 
-from share_scheduler.cli import ExtenderServer, build_parser, main
+from share_scheduler.cli import build_parser, main
 from share_scheduler.config import scheduler_config
 
 # Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1 types.go) that we use;
@@ -103,10 +103,7 @@ def test_serve_flags():
     args = build_parser().parse_args(
         ["serve", "--port", "8080", "--bind-address", "127.0.0.1", "--policy", "spread", "--threads", "4"]
     )
-    server = ExtenderServer(args)
-    assert server.cfg.workers == 1 and server.cfg.threads == 4
-    assert server.cfg.worker_class_str == "gthread"
-    assert server.cfg.bind == ["127.0.0.1:8080"]
+    assert (args.port, args.bind_address, args.policy, args.threads) == (8080, "127.0.0.1", "spread", 4)
 
 
 def _free_port() -> int:
@@ -123,8 +120,8 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_gunicorn_serves(tmp_path):
-    """The real server: gunicorn, one worker; no API server behind it, so healthy but never ready."""
+def test_server_serves(tmp_path):
+    """The real server process; no API server behind it, so healthy but never ready. SIGTERM ends it cleanly."""
     dead = _free_port()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -152,7 +149,7 @@ def test_gunicorn_serves(tmp_path):
                 break
             except OSError:
                 assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-                assert time.monotonic() < deadline, "gunicorn did not start"
+                assert time.monotonic() < deadline, "share-scheduler did not start"
                 time.sleep(0.1)
         assert status == 200
         assert _get(f"http://127.0.0.1:{port}/readyz")[0] == 503
@@ -164,9 +161,11 @@ def test_gunicorn_serves(tmp_path):
         )
         with urllib.request.urlopen(req, timeout=2) as resp:
             assert resp.status == 200 and b'"NodeNames":["a"]' in resp.read()  # not a GPU pod: passed through
+        metrics = _get(f"http://127.0.0.1:{port}/metrics")[1]
+        assert b'gpushare_extender_request_seconds_count{verb="filter"} 1.0' in metrics
     finally:
         proc.terminate()  # the process this test started, by its PID
-        proc.wait(timeout=15)
+        assert proc.wait(timeout=15) == 0
 
 
 def test_serve_flags_before_or_after_the_command_mean_the_same() -> None:
