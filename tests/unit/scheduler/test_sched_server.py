@@ -98,7 +98,8 @@ def test_chunked_request_body(served):
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     half = len(body) // 2
     chunks = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:half], body[half:]))
-    head = f"POST {EXTENDER_PREFIX}/filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    head = f"POST {EXTENDER_PREFIX}/filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+    head += "\r\n"
     sock.sendall(head.encode() + chunks + b"0\r\n\r\n")
     data = b""
     while chunk := sock.recv(65536):
