@@ -69,7 +69,7 @@ def _stat(pid: int) -> tuple[int, float] | None:
 
 
 def cpu_seconds(pid: int, descendants: bool = True) -> float:
-    """CPU time of a process and its descendants (the extender is gunicorn: a master and a worker)."""
+    """CPU time of a process and its descendants (a server that forks counts whole)."""
     if not descendants:
         st = _stat(pid)
         return st[1] if st else 0.0

@@ -126,7 +126,7 @@ def create_app(
     bind_events: str = "failures",
 ) -> Flask:
     """Build the extender. With `start_sync` the list+watch threads start now (call in the serving
-    process: after gunicorn forks, not before). `app.extensions["gpushare"]` exposes the parts.
+    process). `app.extensions["gpushare"]` exposes the parts.
     `filter_keeps`: see extender.FILTER_KEEPS; `bind_events`: "failures" (Events for failed binds) or "all"
     (also one per bind, naming the GPU: an API write per pod)."""
     if isinstance(policy, str):

@@ -4,7 +4,7 @@ On top of `ControlPlane` (etcd, kube-apiserver, kube-scheduler built from upstre
 
 * the chart's RBAC (rendered by helm from charts/gpushare), and runs the extender and each device
   plugin under exactly the service-account identity the chart grants those rules to;
-* the extender (`share-scheduler`, gunicorn) and kube-scheduler configured by `share-scheduler print-config`;
+* the extender (`share-scheduler`) and kube-scheduler configured by `share-scheduler print-config`;
 * simulated GPU nodes: a Node object, a `share-plugin --backend sim` process and a kubelet stand-in that
   speaks the real device plugin protocol, admits pods bound to its node (in an order a test picks) and
   reports their phase.
