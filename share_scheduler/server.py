@@ -156,6 +156,8 @@ class ExtenderServer:
         try:
             method, target, version = _request_line(line)
             headers = read_headers(reader)
+            if headers.get("expect", "").lower() == "100-continue":
+                conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl asks before sending a body over 1 KiB
             body = self._body(reader, headers)
         except BadHttp as exc:
             _send(conn, exc.status, orjson.dumps({"Error": str(exc)}), close=True)
@@ -167,7 +169,11 @@ class ExtenderServer:
         verb = self.verbs.get(path) if method == "POST" else None
         try:
             if verb is not None:
-                status, payload = verb(body)
+                try:
+                    status, payload = verb(body)
+                except Exception as exc:  # a bug: answer it as one, as the Flask routes do
+                    log.exception("unhandled error serving %s %s", method, path)
+                    status, payload = 500, orjson.dumps({"Error": f"internal error: {exc!r}"})
                 _send(conn, status, payload, close=close)
             else:
                 status = self._wsgi(conn, method, path, query, headers, body, peer, close)

@@ -147,3 +147,25 @@ def test_stop_closes_idle_connections_at_once_and_stops_listening(served):
     assert time.monotonic() - start < 3
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
+
+
+def test_expect_continue_and_a_crashing_verb(served):
+    server, _, _ = served
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    body = orjson.dumps({"PodName": "x", "PodNamespace": "default", "PodUID": "u", "Node": "n0"})
+    head = f"POST {EXTENDER_PREFIX}/bind HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    sock.sendall(head.encode())
+    assert sock.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n", "curl waits for this before sending a body"
+    sock.sendall(body)
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+
+    def broken(_: bytes) -> tuple[int, bytes]:
+        raise RuntimeError("boom")
+
+    server.verbs[f"{EXTENDER_PREFIX}/filter"] = broken
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    status, out = post(conn, "filter", {"Pod": {}, "NodeNames": []})
+    assert status == 500 and "boom" in out["Error"]
+    conn.request("GET", "/healthz")  # the connection and the server carry on
+    assert conn.getresponse().status == 200
