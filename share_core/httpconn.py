@@ -223,23 +223,35 @@ def _read_exact(reader: object, n: int) -> bytes:
     return data  # type: ignore[no-any-return]
 
 
+class BodyTooLarge(ValueError):
+    """A chunked body went past the reader's limit."""
+
+
+def read_chunked(reader: object, limit: int | None = None) -> bytes:
+    """A chunked body (RFC 9112 7.1), trailers skipped. ValueError when malformed, BodyTooLarge past `limit`."""
+    chunks, total = [], 0
+    readline = reader.readline  # type: ignore[attr-defined]
+    while True:
+        size_line = readline(MAX_HEADER_LINE)
+        if not size_line:
+            raise ConnectionResetError("connection closed inside a chunked body")
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            while readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(chunks)
+        total += size
+        if limit is not None and total > limit:
+            raise BodyTooLarge(f"body larger than {limit} bytes")
+        chunks.append(_read_exact(reader, size))
+        _read_exact(reader, 2)  # CRLF after the chunk
+
+
 def _read_body(reader: object, method: str, status: int, headers: dict[str, str]) -> bytes:
     if not _has_body(method, status):
         return b""
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks = []
-        readline = reader.readline  # type: ignore[attr-defined]
-        while True:
-            size_line = readline(MAX_HEADER_LINE)
-            if not size_line:
-                raise ConnectionResetError("connection closed inside a chunked body")
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                while readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n", b""):
-                    pass  # trailers
-                return b"".join(chunks)
-            chunks.append(_read_exact(reader, size))
-            _read_exact(reader, 2)  # CRLF after the chunk
+        return read_chunked(reader)
     length = headers.get("content-length")
     if length is not None:
         return _read_exact(reader, int(length))

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from share_core.httpconn import MAX_HEADER_LINE, read_headers
+from share_core.httpconn import MAX_HEADER_LINE, BodyTooLarge, read_chunked, read_headers
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,12 @@ class ExtenderServer:
 
     def _body(self, reader: io.BufferedReader, headers: dict[str, str]) -> bytes:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return _read_chunked(reader, self.max_body)
+            try:
+                return read_chunked(reader, self.max_body)
+            except BodyTooLarge as exc:
+                raise BadHttp(413, f"request {exc}") from exc
+            except ValueError as exc:
+                raise BadHttp(400, "malformed chunked body") from exc
         length = headers.get("content-length")
         if length is None:
             return b""
@@ -257,28 +262,6 @@ def _request_line(line: bytes) -> tuple[str, str, str]:
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise BadHttp(400, f"malformed request line {line[:80]!r}")
     return parts[0], parts[1], parts[2]
-
-
-def _read_chunked(reader: io.BufferedReader, limit: int) -> bytes:
-    chunks, total = [], 0
-    while True:
-        size_line = reader.readline(MAX_HEADER_LINE)
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError as exc:
-            raise BadHttp(400, "malformed chunked body") from exc
-        if size == 0:
-            while reader.readline(MAX_HEADER_LINE) not in (b"\r\n", b"\n", b""):
-                pass
-            return b"".join(chunks)
-        total += size
-        if total > limit:
-            raise BadHttp(413, f"request body larger than {limit} bytes")
-        chunk = reader.read(size)
-        if len(chunk) != size:
-            raise ConnectionResetError("request body cut short")
-        chunks.append(chunk)
-        reader.read(2)
 
 
 def _send(conn: socket.socket, status: int, payload: bytes, close: bool) -> None:
