@@ -442,7 +442,7 @@ class BestNodeIndex:
             if table is None:
                 return self._direct(demand, names)
             ranking = self._ranking(demand, table)
-            found = self._first_in(ranking, set(names), len(names))
+            found = self._first_in(ranking, names)
         if found is _WALKED_TOO_FAR:
             return self._direct(demand, names)
         return [] if found is None else [found]  # type: ignore[list-item]
@@ -502,15 +502,16 @@ class BestNodeIndex:
             self.memo.added(stored)
 
     @staticmethod
-    def _first_in(ranking: _Ranking, wanted: set[str], limit: int) -> object:
-        """The best valid entry's node among `wanted`; None if none; _WALKED_TOO_FAR past `limit` steps."""
+    def _first_in(ranking: _Ranking, names: Sequence[str]) -> object:
+        """The best valid entry's node among `names`; None if none; _WALKED_TOO_FAR past len(names) steps."""
         heap, current = ranking.heap, ranking.current
         while heap and current.get(heap[0][1]) != heap[0][2]:
             heapq.heappop(heap)  # stale at the top: garbage
         if not heap:
             return None
-        if heap[0][1] in wanted:
-            return heap[0][1]
+        if heap[0][1] in names:  # nearly always: kube-scheduler passes every node that fits
+            return heap[0][1]  # (a scan in C; hashing every name into a set costs more at 5,000)
+        wanted, limit = set(names), len(names)
         frontier = [(heap[0], 0)]  # walk the heap in order without taking valid entries out
         steps = 0
         while frontier:
