@@ -10,7 +10,8 @@ few socket reads and answered with one write. See docs/policies.md "Throughput".
 
 Threads: `threads` workers each accept connections on the one listening socket and serve a
 connection's requests in turn (kube-scheduler keeps its connections alive; its binds arrive on
-several at once). One process holds the cache, so the invariants of DESIGN.md need nothing between
+several at once). A connection idle for KEEPALIVE_IDLE seconds is closed, so idle clients cannot
+hold the workers. One process holds the cache, so the invariants of DESIGN.md need nothing between
 processes. SIGTERM/SIGINT stop accepting; requests in progress finish (up to `grace` seconds).
 """
 
@@ -159,10 +160,14 @@ class ExtenderServer:
             if headers.get("expect", "").lower() == "100-continue":
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl asks before sending a body over 1 KiB
             body = self._body(reader, headers)
-        except BadHttp as exc:
-            _send(conn, exc.status, orjson.dumps({"Error": str(exc)}), close=True)
+        except (BadHttp, ValueError) as exc:  # ValueError: headers malformed or too many
+            status = exc.status if isinstance(exc, BadHttp) else 400
+            try:
+                _send(conn, status, orjson.dumps({"Error": str(exc)}), close=True)
+            except OSError:
+                pass
             return False
-        except (TimeoutError, OSError, ValueError):
+        except (TimeoutError, OSError):
             return False
         close = version == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
         path, _, query = target.partition("?")

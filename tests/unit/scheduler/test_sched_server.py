@@ -89,6 +89,10 @@ def test_bad_requests_get_clear_errors(served):
     junk = socket.create_connection(("127.0.0.1", server.port), timeout=5)
     junk.sendall(b"HELLO\r\n\r\n")
     assert junk.recv(65536).startswith(b"HTTP/1.1 400 ")
+    garbled = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    garbled.sendall(b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n")
+    answer = garbled.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"malformed header line" in answer
 
 
 def test_chunked_request_body(served):
