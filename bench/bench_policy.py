@@ -11,17 +11,23 @@ updated, so the cluster changes as it would. Reported per policy:
 - new size: a request of a size never seen before, on the warmed-up cluster;
 - bind: choose() on the chosen node, mean microseconds.
 
-    python bench/bench_policy.py [--nodes 5000] [--binds 40] [--policy frag,binpack]
+The garbage collector is set up as the server sets it up once its cache is built
+(`syncer.settle_gc`: the objects built so far frozen, rarer collections); `--default-gc` leaves
+CPython's defaults, under which full collections walk every memo every few pods.
+
+    python bench/bench_policy.py [--nodes 5000] [--binds 40] [--policy frag,binpack] [--default-gc]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import time
 
 from share_scheduler.placement import POLICIES, Demand, GpuSlot, NodeState, make_policy
+from share_scheduler.syncer import settle_gc
 
 SIZES = (4, 8, 10, 16, 20, 40, 80)
 NEW_SIZE = 12  # never drawn above: the "first request of a new size" on a warm cluster
@@ -71,6 +77,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--binds", type=int, default=40)
     ap.add_argument("--policy", default=",".join(POLICIES))
+    ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
     args = ap.parse_args()
     print(f"{args.nodes} nodes x 8 GPUs; per pod: score every node (ms), then choose on the best (us)")
     print(f"{'policy':<10}{'cold':>9}{'p50':>9}{'p99':>9}{'new size':>10}{'per node (us)':>15}{'bind (us)':>11}")
@@ -81,6 +88,8 @@ def main() -> None:
         policy = make_policy(name)
         for _ in range(2000):
             policy.observe(Demand(rng.choice(SIZES), 1 if rng.random() < 0.95 else 2))
+        if not args.default_gc:
+            settle_gc()  # as the server does once its cache is built
         scores, binds = [], []
         for d in demands:
             s, b = one_pod(policy, nodes, d)
@@ -94,6 +103,8 @@ def main() -> None:
             f"{name:<10}{scores[0] * 1e3:>9.1f}{p50 * 1e3:>9.1f}{p99 * 1e3:>9.1f}{new_size * 1e3:>10.1f}"
             f"{p50 / args.nodes * 1e6:>15.2f}{statistics.mean(binds) * 1e6:>11.1f}"
         )
+        if not args.default_gc:
+            gc.unfreeze()  # the next policy starts from the same state
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
+from itertools import accumulate
 from typing import Any, Protocol
 
 NEG_INF = float("-inf")
@@ -152,7 +154,9 @@ class _ViewPolicy:
         return tuple(sorted(indices[p] for p in ev[1]))
 
     def score(self, node: NodeState, demand: Demand) -> float:
-        ev = self.evaluate(node_view(node)[0], demand)
+        # node_view's view, built in one pass (no GPU indices needed): this runs for every node.
+        view = (tuple([(g.model, g.free) for g in node.gpus if g.healthy]), node.cpu_free, node.memory_free)
+        ev = self.evaluate(view, demand)
         return NEG_INF if ev is None else ev[0]
 
     def observe(self, demand: Demand) -> None:
@@ -294,6 +298,8 @@ class _ClassGroup:
     prob: float  # total probability of the group
     cpus: tuple[int, ...]  # distinct CPU requests, ascending
     cum: tuple[float, ...]  # cum[j] = probability of the classes with cpus[:j]
+    weight: int = 0  # pods observed in the group (frag prices in these exact counts)
+    wcum: tuple[int, ...] = ()  # wcum[j] = pods observed in the classes with cpus[:j]
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +308,7 @@ class WorkloadTable:
 
     groups: tuple[_ClassGroup, ...]
     observed: int
+    weight: int = 0  # pods observed over all groups (the groups' weights add up to it)
 
     @staticmethod
     def from_counts(counts: dict[tuple[int, int, tuple[str, ...], int], float]) -> WorkloadTable:
@@ -310,16 +317,19 @@ class WorkloadTable:
             return WorkloadTable((), 0)
         by_group: dict[tuple[tuple[str, ...], int, int], dict[int, float]] = {}
         for (per_gpu, count, models, cpu), n in counts.items():
+            if n != int(n) or n < 0:
+                raise ValueError(f"pod class counts must be whole numbers, got {n!r}")
             cpus = by_group.setdefault((models, per_gpu, count), {})
-            cpus[cpu] = cpus.get(cpu, 0.0) + n / total
+            cpus[cpu] = cpus.get(cpu, 0.0) + n
         groups = []
         for (models, per_gpu, count), cpus in sorted(by_group.items()):
             keys = sorted(cpus)
-            cum = [0.0]
+            cum, wcum = [0.0], [0]
             for k in keys:
-                cum.append(cum[-1] + cpus[k])
-            groups.append(_ClassGroup(models, per_gpu, count, cum[-1], tuple(keys), tuple(cum)))
-        return WorkloadTable(tuple(groups), int(total))
+                cum.append(cum[-1] + cpus[k] / total)
+                wcum.append(wcum[-1] + int(cpus[k]))
+            groups.append(_ClassGroup(models, per_gpu, count, cum[-1], tuple(keys), tuple(cum), wcum[-1], tuple(wcum)))
+        return WorkloadTable(tuple(groups), int(total), sum(g.weight for g in groups))
 
 
 # Per class group: (GPUs with room for one share, their free capacity, shares of one GPU they hold).
@@ -359,53 +369,10 @@ def shift_aggregates(aggs: Aggregates, table: WorkloadTable, model: str, free: i
     return tuple(out)
 
 
-def fragmentation_shifted(
-    total: int,
-    aggs: Aggregates,
-    allowed: tuple[bool, ...],
-    free: int,
-    after: int,
-    cpu_free: int | None,
-    table: WorkloadTable,
-    fill_weight: float = 0.6,
-) -> float:
-    """`fragmentation_from(total, shift_aggregates(...), ...)` in one pass, without building the sums.
-
-    `allowed[i]` says whether group i may use the changed GPU's model; `total` is the node's free
-    capacity after the change. Same arithmetic in the same order, so the same floats.
-    """
-    if total == 0:
-        return 0.0
-    next_pod = fill = 0.0
-    for g, (room, usable, slots), ok_model in zip(table.groups, aggs, allowed, strict=True):
-        per, count = g.per_gpu, g.count
-        if ok_model:
-            if free >= per:
-                room, usable, slots = room - 1, usable - free, slots - free // per
-            if after >= per:
-                room, usable, slots = room + 1, usable + after, slots + after // per
-        if room < count:
-            next_pod += g.prob * total
-            fill += g.prob * total
-            continue
-        if count != 1:
-            slots = room // count
-        stranded = total - usable
-        take = per * count
-        if cpu_free is None:
-            next_pod += g.prob * stranded
-            fill += g.prob * (total - slots * take)
-            continue
-        j = bisect_right(g.cpus, cpu_free)
-        ok = g.cum[j]
-        next_pod += ok * stranded + (g.prob - ok) * total
-        fill += (g.prob - ok) * total
-        cpus, cum = g.cpus, g.cum
-        for i in range(j):
-            cpu = cpus[i]
-            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
-    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+def fill_ratio(fill_weight: float) -> tuple[int, int]:
+    """`fill_weight` as a fraction (numerator, denominator <= 1000), so fragmentation is exact."""
+    f = Fraction(fill_weight).limit_denominator(1000)
+    return f.numerator, f.denominator
 
 
 def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
@@ -421,8 +388,6 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
     total = 0
     for _, f in gpus:
         total += f
-    if total == 0:
-        return 0.0
     return fragmentation_from(total, group_aggregates(gpus, table), cpu_free, table, fill_weight)
 
 
@@ -430,33 +395,227 @@ def fragmentation_from(
     total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6
 ) -> float:
     """`fragmentation` from a node's free total and per-group aggregates (see `group_aggregates`)."""
-    if total == 0:
-        return 0.0
-    next_pod = fill = 0.0
+    wa, wb = fill_ratio(fill_weight)
+    units = fragmentation_units(total, aggs, cpu_free, table, wa, wb)
+    return units / (table.weight * wb) if units else 0.0
+
+
+def fragmentation_units(
+    total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, wa: int, wb: int
+) -> int:
+    """`fragmentation` x `table.weight` x `wb`, in exact integers (fill weight `wa`/`wb`).
+
+    Per group, with w the fill weight and p the group's probability: a group the node cannot host
+    strands all `total` in both views; one it can host strands `p x total - ok x usable` (next pod;
+    `ok`: the probability of its classes whose CPU fits) and `p x total - take x sum(p_i x pods_i)`
+    (fill). As the probabilities add up to 1, the blend is `total - sum over hostable groups of
+    ((1 - w) x ok x usable + w x take x sum(p_i x pods_i))`; counted in observed pods instead of
+    probabilities, every term is an integer. Exact, so equal placements price equal and the
+    incremental pricing below can be checked against this for equality, not closeness.
+    """
+    if total == 0 or not table.groups:
+        return 0
+    kept = 0
+    keep_w = wb - wa
     for g, (room, usable, slots) in zip(table.groups, aggs, strict=True):
-        per, count = g.per_gpu, g.count
+        count = g.count
         if room < count:
-            next_pod += g.prob * total
-            fill += g.prob * total
             continue
         if count != 1:
             slots = room // count
-        stranded = total - usable
-        take = per * count
         if cpu_free is None:
-            next_pod += g.prob * stranded
-            fill += g.prob * (total - slots * take)
+            kept += g.weight * (keep_w * usable + wa * g.per_gpu * count * slots)
             continue
-        j = bisect_right(g.cpus, cpu_free)
-        ok = g.cum[j]  # probability of the classes whose CPU fits at all
-        next_pod += ok * stranded + (g.prob - ok) * total
-        fill += (g.prob - ok) * total
-        cpus, cum = g.cpus, g.cum
+        cpus, wcum = g.cpus, g.wcum
+        j = bisect_right(cpus, cpu_free)
+        filled = 0
         for i in range(j):
             cpu = cpus[i]
             pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
-    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+            filled += (wcum[i + 1] - wcum[i]) * pods
+        kept += keep_w * wcum[j] * usable + wa * g.per_gpu * count * filled
+    return total * table.weight * wb - kept
+
+
+# Key sums of a node without CPU information: per multi-GPU key (models, per_gpu), (GPUs with room,
+# their free capacity). What the single-GPU groups need is a sum over GPUs (see `_Pricer`).
+KeySums = tuple[tuple[int, int], ...]
+# Per model on a node: multi-GPU keys' per_gpu ascending and running sums (see `_Pricer.prefix`).
+Prefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+class _Pricer:
+    """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
+
+    Without CPU, a hostable single-GPU group keeps `weight x ((1 - w) x usable + w x per x slots)`,
+    which is a sum over the node's GPUs (a group with no GPU with room keeps nothing either way): so
+    all single-GPU groups together keep `sum over GPUs of V(model, free)`, and a share taken from one
+    GPU changes it by `V(model, after) - V(model, free)`, whatever the rest of the node holds. A
+    multi-GPU group keeps `A(room) x usable + B(room)` (zero below `count` GPUs with room), so it needs
+    the node's (room, usable) per distinct (models, per_gpu) key: few keys, each a bisection. A
+    placement's price is then a handful of integer operations per changed GPU, instead of a pass over
+    every group for every candidate GPU, and equals `fragmentation_units(after) - ...(before)` exactly.
+    """
+
+    def __init__(self, table: WorkloadTable, wa: int, wb: int) -> None:
+        self.table = table
+        self.wa, self.keep_w = wa, wb - wa
+        self.total_w = table.weight * wb  # units per unit of free capacity
+        self.singles = tuple((g.models, g.per_gpu, g.weight) for g in table.groups if g.count == 1)
+        multi: dict[tuple[tuple[str, ...], int], list[tuple[int, int]]] = {}
+        for g in table.groups:
+            if g.count != 1:
+                multi.setdefault((g.models, g.per_gpu), []).append((g.count, g.weight))
+        self.keys = tuple(sorted(multi))
+        self._key_groups = tuple(tuple(multi[k]) for k in self.keys)
+        self.values: dict[tuple[str, int], int] = {}
+        self._by_model: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._ab: dict[tuple[int, int], tuple[int, int]] = {}
+        self._prefix: dict[
+            tuple[str, KeySums], tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]
+        ] = {}
+
+    def value(self, model: str, free: int) -> int:
+        """What all single-GPU groups keep of one GPU of `model` with `free` units."""
+        key = (model, free)
+        v = self.values.get(key)
+        if v is None:
+            v = 0
+            wa, keep_w = self.wa, self.keep_w
+            for models, per, weight in self.singles:
+                if free >= per and (not models or _model_allowed(models, model)):
+                    v += weight * (keep_w * free + wa * per * (free // per))
+            self.values[key] = v
+        return v
+
+    def keys_for(self, model: str) -> tuple[tuple[int, int], ...]:
+        """(key index, per_gpu) of the multi-GPU keys that may use `model`, by per_gpu ascending."""
+        out = self._by_model.get(model)
+        if out is None:
+            out = tuple(
+                sorted(
+                    ((k, q) for k, (models, q) in enumerate(self.keys) if not models or _model_allowed(models, model)),
+                    key=lambda x: (x[1], x[0]),
+                )
+            )
+            self._by_model[model] = out
+        return out
+
+    def coefficients(self, k: int, room: int) -> tuple[int, int]:
+        """(A, B): the multi-GPU groups of key `k` keep `A x usable + B` of a node with `room` GPUs."""
+        ab = self._ab.get((k, room))
+        if ab is None:
+            a = b = 0
+            per = self.keys[k][1]
+            for count, weight in self._key_groups[k]:
+                if room >= count:
+                    a += weight
+                    b += weight * count * (room // count)
+            ab = self._ab[(k, room)] = (self.keep_w * a, self.wa * per * b)
+        return ab
+
+    def kept(self, k: int, room: int, usable: int) -> int:
+        """What the multi-GPU groups of key `k` keep of a node with `room` GPUs holding `usable`."""
+        a, b = self.coefficients(k, room)
+        return a * usable + b
+
+    def prefix(self, model: str, sums: KeySums) -> Prefix:
+        """Running sums over the multi-GPU keys that may use `model` (per_gpu ascending), so that one
+        GPU's share is priced with two bisections whatever the number of keys.
+
+        A share that leaves a GPU with room for key k only lowers the key's usable capacity, which
+        changes what it keeps by `A(room) x share` (running sum `stay`). A share that takes the GPU
+        below the key's per_gpu removes it from the room count: the key keeps
+        `A(room - 1) x free + (A(room) - A(room - 1)) x usable + B(room) - B(room - 1)` less, linear in
+        the GPU's free units (running sums `cross_free`, `cross_const`)."""
+        key = (model, sums)
+        v = self._prefix.get(key)
+        if v is None:
+            ks = self.keys_for(model)
+            coefficients = self.coefficients
+            stay, cross_free, cross_const = [0], [0], [0]
+            for k, _ in ks:
+                room, usable = sums[k]
+                a, b = coefficients(k, room)
+                stay.append(stay[-1] + a)
+                if room:
+                    a0, b0 = coefficients(k, room - 1)
+                    cross_free.append(cross_free[-1] + a0)
+                    cross_const.append(cross_const[-1] + (a - a0) * usable + b - b0)
+                else:  # no GPU of this node has room for the key: no share can cross it
+                    cross_free.append(cross_free[-1])
+                    cross_const.append(cross_const[-1])
+            # Tuples of ints: the garbage collector stops tracking them.
+            v = (tuple([q for _, q in ks]), tuple(stay), tuple(cross_free), tuple(cross_const))
+            if len(self._prefix) >= 100_000:
+                self._prefix.clear()
+            self._prefix[key] = v
+        return v
+
+    def delta_one(self, sums: KeySums, model: str, free: int, after: int) -> int:
+        """`delta` for one GPU, without visiting the keys it stays above or below."""
+        value = self.value
+        d = value(model, free) - value(model, after) - (free - after) * self.total_w
+        if not self.keys:
+            return d
+        qs, stay, cross_free, cross_const = self.prefix(model, sums)
+        lo = bisect_right(qs, after)
+        hi = bisect_right(qs, free, lo)
+        return (
+            d + (free - after) * stay[lo] + free * (cross_free[hi] - cross_free[lo]) + cross_const[hi] - cross_const[lo]
+        )
+
+    def key_sums(self, gpus: GpuView) -> KeySums:
+        """(GPUs with room, their free capacity) per multi-GPU key."""
+        out = []
+        frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        for models, per in self.keys:
+            fs = frees.get(models)
+            if fs is None:
+                vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+                fs = frees[models] = (vals, [0, *accumulate(vals)])
+            vals, running = fs
+            i = bisect_left(vals, per)
+            out.append((len(vals) - i, running[-1] - running[i]))
+        return tuple(out)
+
+    def delta(self, sums: KeySums, changes: Sequence[tuple[str, int, int]]) -> int:
+        """`fragmentation_units` after minus before, for GPUs changing (model, free, after)."""
+        d = 0
+        taken = 0
+        value = self.value
+        for m, f, a in changes:
+            taken += f - a
+            d -= value(m, a) - value(m, f)
+        d -= taken * self.total_w
+        if not self.keys:
+            return d
+        if len(changes) == 1:
+            m, f, a = changes[0]
+            for k, per in self.keys_for(m):
+                if per > f:
+                    break
+                room, usable = sums[k]
+                if a >= per:
+                    d -= self.kept(k, room, usable - (f - a)) - self.kept(k, room, usable)
+                else:
+                    d -= self.kept(k, room - 1, usable - f) - self.kept(k, room, usable)
+            return d
+        shifts: dict[int, list[int]] = {}
+        for m, f, a in changes:
+            for k, per in self.keys_for(m):
+                if per > f:
+                    break
+                s = shifts.setdefault(k, [0, 0])
+                if a >= per:
+                    s[1] -= f - a
+                else:
+                    s[0] -= 1
+                    s[1] -= f
+        for k, (dr, du) in shifts.items():
+            room, usable = sums[k]
+            d -= self.kept(k, room + dr, usable + du) - self.kept(k, room, usable)
+        return d
 
 
 class FragPolicy(_ViewPolicy):
@@ -471,6 +630,7 @@ class FragPolicy(_ViewPolicy):
         if not 0.0 <= fill_weight <= 1.0 or pressure < 0:
             raise ValueError("frag: fill_weight must be in [0, 1] and pressure non-negative")
         self.fill_weight = fill_weight
+        self._wa, self._wb = fill_ratio(fill_weight)
         self.pressure = pressure
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
@@ -478,11 +638,14 @@ class FragPolicy(_ViewPolicy):
         self._table_observed = 0
         self._dirty = False
         self._table = WorkloadTable((), 0)
+        self._pricer = _Pricer(self._table, self._wa, self._wb)
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
+        self._sums_memo: dict[GpuView, KeySums] = {}
         self._allowed: dict[str, tuple[bool, ...]] = {}
-        self._memo: dict[Any, float] = {}
-        self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
+        self._memo: dict[Any, int] = {}
+        self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
+        self._eval_size = 0
 
     def observe(self, demand: Demand) -> None:
         if demand.count <= 0 or demand.per_gpu <= 0:
@@ -503,13 +666,21 @@ class FragPolicy(_ViewPolicy):
         if self._dirty:
             with self._lock:
                 if self._dirty:
-                    self._table = WorkloadTable.from_counts(self._counts)
+                    table = WorkloadTable.from_counts(self._counts)
+                    pricer = _Pricer(table, self._wa, self._wb)
+                    if [(g.models, g.per_gpu) for g in table.groups] != [
+                        (g.models, g.per_gpu) for g in self._table.groups
+                    ]:
+                        self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
+                    if pricer.keys != self._pricer.keys:
+                        self._sums_memo = {}
+                    self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
                     self._memo = {}
-                    self._agg_memo = {}
                     self._allowed = {}
                     self._eval_memo = {}
+                    self._eval_size = 0
                     self._dirty = False
         return self._table
 
@@ -539,39 +710,171 @@ class FragPolicy(_ViewPolicy):
             self._agg_memo[gpus_sorted] = a
         return a
 
-    def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
-        table = self.table
-        memo = self._memo
+    def key_sums(self, gpus_sorted: GpuView, pricer: _Pricer) -> KeySums:
+        """`_Pricer.key_sums` of a node's GPUs, kept across table rebuilds while the keys stay."""
+        s = self._sums_memo.get(gpus_sorted)
+        if s is None:
+            s = pricer.key_sums(gpus_sorted)
+            if len(self._sums_memo) >= self.MEMO_LIMIT:
+                self._sums_memo.clear()
+            self._sums_memo[gpus_sorted] = s
+        return s
+
+    def node_units(self, gpus: GpuView, cpu_free: int | None) -> int:
+        """`fragmentation_units` of a node under the current table (memoised per sorted state)."""
         gpus_sorted = tuple(sorted(gpus))
         key = (gpus_sorted, cpu_free)
-        v = memo.get(key)
+        v = self._memo.get(key)
         if v is None:
             total = sum(f for _, f in gpus)
-            v = fragmentation_from(total, self.aggregates(gpus_sorted), cpu_free, table, self.fill_weight)
-            if len(memo) >= self.MEMO_LIMIT:
-                memo.clear()
-            memo[key] = v
+            v = fragmentation_units(total, self.aggregates(gpus_sorted), cpu_free, self.table, self._wa, self._wb)
+            if len(self._memo) >= self.MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = v
         return v
+
+    def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
+        """Expected fragmentation of a node under the current table (`fragmentation`, memoised)."""
+        units = self.node_units(gpus, cpu_free)
+        return units / (self.table.weight * self._wb) if units else 0.0
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         _ = self.table  # refresh first, so the memo below belongs to the current table
-        memo = self._eval_memo
-        key = (view, demand)
-        ev = memo.get(key, _MISSING)
+        # One dict per demand, keyed by the view alone: its keys and values are tuples of numbers and
+        # strings, which the cyclic garbage collector stops tracking, so a memo of many entries adds
+        # nothing to every full collection's work (a (view, demand) key holds the tracked Demand).
+        memo = self._eval_memo.get(demand)
+        if memo is None:
+            memo = self._eval_memo.setdefault(demand, {})
+        ev = memo.get(view, _MISSING)
         if ev is _MISSING:
             ev = self._evaluate(view, demand)
-            if len(memo) >= self.MEMO_LIMIT:
-                memo.clear()
-            memo[key] = ev
+            if self._eval_size >= self.MEMO_LIMIT:  # start afresh
+                memo = {}
+                self._eval_memo = {demand: memo}
+                self._eval_size = 0
+            self._eval_size += 1
+            memo[view] = ev
         return ev  # type: ignore[return-value]
 
+    def _evaluate_one_gpu(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
+        """`_evaluate` for a single-GPU demand without CPU information (the extender's common case).
+
+        The same candidates in the same order and the same exact prices as the general path, in one
+        pass over the GPUs: the multi-GPU keys' running sums are built once per model on the node.
+        """
+        gpus, _, mem_free = view
+        if mem_free is not None and mem_free < demand.memory:
+            return None
+        per, models = demand.per_gpu, demand.models
+        values = pricer.values
+        value = pricer.value
+        keys = pricer.keys
+        total_w = pricer.total_w
+        seen: set[tuple[str, int]] = set()
+        prefixes: dict[str, Prefix] = {}
+        sums: KeySums = ()
+        best_d = best_left = best_i = -1
+        found = False
+        for i, g in enumerate(gpus):
+            m, f = g
+            if f < per or g in seen or (models and not _model_allowed(models, m)):
+                continue
+            seen.add(g)
+            a = f - per
+            vf = values.get(g)
+            if vf is None:
+                vf = value(m, f)
+            va = values.get((m, a))
+            if va is None:
+                va = value(m, a)
+            d = vf - va - per * total_w
+            if keys:
+                pre = prefixes.get(m)
+                if pre is None:
+                    if not sums:
+                        sums = self.key_sums(tuple(sorted(gpus)), pricer)
+                    pre = prefixes[m] = pricer.prefix(m, sums)
+                qs, stay, cross_free, cross_const = pre
+                lo = bisect_right(qs, a)
+                hi = bisect_right(qs, f, lo)
+                d += per * stay[lo] + f * (cross_free[hi] - cross_free[lo]) + cross_const[hi] - cross_const[lo]
+            if not found or d < best_d or (d == best_d and a < best_left):
+                best_d, best_left, best_i, found = d, a, i, True
+        if not found:
+            return None
+        return self._finish(best_d, best_left, (best_i,), gpus, per, None)
+
+    def _evaluate_gpus(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
+        """`_evaluate` for a multi-GPU demand without CPU information: the best-fit GPUs, priced as
+        `_Pricer.delta` does, with the keys every chosen GPU stays above taken from the running sums."""
+        gpus, _, mem_free = view
+        if mem_free is not None and mem_free < demand.memory:
+            return None
+        per, count, models = demand.per_gpu, demand.count, demand.models
+        elig = [(f, i) for i, (m, f) in enumerate(gpus) if f >= per and (not models or _model_allowed(models, m))]
+        if len(elig) < count:
+            return None
+        elig.sort()  # least room first, lowest index on ties: `_best_fit`
+        picked = elig[:count]
+        chosen = tuple(sorted(i for _, i in picked))
+        model = gpus[picked[0][1]][0] if picked else ""
+        if not picked or not pricer.keys or any(gpus[i][0] != model for _, i in picked):
+            changes = [(gpus[i][0], f, f - per) for f, i in picked]
+            d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if pricer.keys else (), changes)
+        else:
+            value = pricer.value
+            d = -count * per * pricer.total_w
+            for f, _ in picked:
+                d += value(model, f) - value(model, f - per)
+            sums = self.key_sums(tuple(sorted(gpus)), pricer)
+            qs, stay, _, _ = pricer.prefix(model, sums)
+            lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
+            d += count * per * stay[lo]
+            ks = pricer.keys_for(model)
+            for j in range(lo, bisect_right(qs, picked[-1][0], lo)):
+                k, q = ks[j]
+                dr = du = 0
+                for f, _ in picked:
+                    if f >= q:
+                        if f - per >= q:
+                            du -= per
+                        else:
+                            dr -= 1
+                            du -= f
+                room, usable = sums[k]
+                d -= pricer.kept(k, room + dr, usable + du) - pricer.kept(k, room, usable)
+        left = sum(f for f, _ in picked) - per * count
+        return self._finish(d, left, chosen, gpus, per, None)
+
+    def _finish(
+        self, units: int, left: int, chosen: tuple[int, ...], gpus: GpuView, per: int, cpu_after: int | None
+    ) -> Evaluation:
+        """The score of the chosen placement from its exact fragmentation growth (`units`)."""
+        total_w = self._pricer.total_w
+        delta_f = units / total_w if units else 0.0
+        # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
+        # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
+        node_left = sum(f for _, f in gpus) - per * len(chosen)
+        cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
+        if self.pressure and chosen:
+            # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
+            # so pods that may run elsewhere leave it to them (constant for a pod that may not).
+            delta_f += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
+        return -(delta_f + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
+
     def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        pricer = self._pricer
+        if view[1] is None:
+            if demand.count == 1:
+                return self._evaluate_one_gpu(view, demand, pricer)
+            return self._evaluate_gpus(view, demand, pricer)
         elig = eligible_positions(view, demand)
         if elig is None:
             return None
         gpus, cpu_free, _ = view
+        table = pricer.table
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu
-        before = self.node_fragmentation(gpus, cpu_free)
         node_free = sum(f for _, f in gpus)
         per = demand.per_gpu
         if demand.count == 1:
@@ -583,38 +886,47 @@ class FragPolicy(_ViewPolicy):
                     candidates.append((i,))
         else:
             candidates = [_best_fit(view, elig, demand.count)]
-        best: tuple[float, float, tuple[int, ...]] | None = None
-        table = self.table
-        aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
-        for chosen in candidates:
-            if demand.count == 1:
-                # One GPU changes: update the per-group sums instead of recounting the node.
-                m, f = gpus[chosen[0]]
-                after = fragmentation_shifted(
-                    node_free - per, aggs, self.allowed(m), f, f - per, cpu_after, table, self.fill_weight
-                )
-            else:
-                after_gpus = list(gpus)
-                for i in chosen:
-                    m, f = after_gpus[i]
-                    after_gpus[i] = (m, f - per)
-                after = self.node_fragmentation(tuple(after_gpus), cpu_after)
-            delta = after - before
-            left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
-            key = (delta, left)
-            if best is None or key < best[:2]:
-                best = (delta, left, chosen)
+        best: tuple[int, int, tuple[int, ...]] | None = None
+        if cpu_free is None:
+            # The extender's case: exact incremental prices, O(1) per changed GPU (see _Pricer).
+            sums = self.key_sums(tuple(sorted(gpus)), pricer) if pricer.keys else ()
+            for chosen in candidates:
+                if len(chosen) == 1:
+                    m, f = gpus[chosen[0]]
+                    delta = pricer.delta_one(sums, m, f, f - per)
+                else:
+                    delta = pricer.delta(sums, [(gpus[i][0], gpus[i][1], gpus[i][1] - per) for i in chosen])
+                left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
+                if best is None or (delta, left) < best[:2]:
+                    best = (delta, left, chosen)
+        else:
+            before = self.node_units(gpus, cpu_free)
+            aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
+            for chosen in candidates:
+                if demand.count == 1:
+                    # One GPU changes: update the per-group sums instead of recounting the node.
+                    m, f = gpus[chosen[0]]
+                    after = fragmentation_units(
+                        node_free - per,
+                        shift_aggregates(aggs, table, m, f, f - per),
+                        cpu_after,
+                        table,
+                        self._wa,
+                        self._wb,
+                    )
+                else:
+                    after_gpus = list(gpus)
+                    for i in chosen:
+                        m, f = after_gpus[i]
+                        after_gpus[i] = (m, f - per)
+                    after = self.node_units(tuple(after_gpus), cpu_after)
+                delta = after - before
+                left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
+                if best is None or (delta, left) < best[:2]:
+                    best = (delta, left, chosen)
         assert best is not None
-        delta, left, chosen = best
-        # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
-        # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
-        node_left = node_free - per * len(chosen)
-        cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
-        if self.pressure and chosen:
-            # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
-            # so pods that may run elsewhere leave it to them (constant for a pod that may not).
-            delta += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
-        return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
+        units, left, chosen = best
+        return self._finish(units, left, chosen, gpus, per, cpu_after)
 
 
 # ---------------------------------------------------------------------------------------------------
