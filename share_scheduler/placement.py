@@ -441,7 +441,7 @@ def fragmentation_units(
 # their free capacity). What the single-GPU groups need is a sum over GPUs (see `_Pricer`).
 KeySums = tuple[tuple[int, int], ...]
 # Per model on a node: multi-GPU keys' per_gpu ascending and running sums (see `_Pricer.prefix`).
-Prefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+Prefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]
 
 
 class _Pricer:
@@ -471,9 +471,8 @@ class _Pricer:
         self.values: dict[tuple[str, int], int] = {}
         self._by_model: dict[str, tuple[tuple[int, int], ...]] = {}
         self._ab: dict[tuple[int, int], tuple[int, int]] = {}
-        self._prefix: dict[
-            tuple[str, KeySums], tuple[tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]
-        ] = {}
+        self._prefix: dict[tuple[str, KeySums], Prefix] = {}
+        self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -514,6 +513,51 @@ class _Pricer:
             ab = self._ab[(k, room)] = (self.keep_w * a, self.wa * per * b)
         return ab
 
+    def crossing(self, k: int, room: int) -> tuple[int, int, int, int]:
+        """(A(room), A(room - 1), A(room) - A(room - 1), B(room) - B(room - 1)) for key `k` (zeros
+        but A at room 0), from a per-key list: `prefix_of` reads it once per key and node."""
+        row = self._crossing[k]
+        while len(row) <= room:
+            r = len(row)
+            a, b = self.coefficients(k, r)
+            if r == 0:
+                row.append((a, 0, 0, 0))
+            else:
+                a0, b0 = self.coefficients(k, r - 1)
+                row.append((a, a0, a - a0, b - b0))
+        return row[room]
+
+    def prefix_of(self, gpus: GpuView, model: str) -> Prefix:
+        """`prefix(model, key_sums(gpus))`, computed straight from the node's GPUs (one sort per
+        distinct model filter, one bisection per key) without building the key sums."""
+        ks = self.keys_for(model)
+        keys = self.keys
+        crossing = self.crossing
+        frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        qs, stay, cross_free, cross_const, sums = [], [0], [0], [0], []
+        s = cf = cc = 0
+        for k, q in ks:
+            models = keys[k][0]
+            fs = frees.get(models)
+            if fs is None:
+                vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+                fs = frees[models] = (vals, [0, *accumulate(vals)])
+            vals, running = fs
+            i = bisect_left(vals, q)
+            room = len(vals) - i
+            usable = running[-1] - running[i]
+            a, a0, da, db = crossing(k, room)
+            s += a
+            if room:
+                cf += a0
+                cc += da * usable + db
+            sums.append((room, usable))
+            qs.append(q)
+            stay.append(s)
+            cross_free.append(cf)
+            cross_const.append(cc)
+        return tuple(qs), tuple(stay), tuple(cross_free), tuple(cross_const), tuple(sums)
+
     def kept(self, k: int, room: int, usable: int) -> int:
         """What the multi-GPU groups of key `k` keep of a node with `room` GPUs holding `usable`."""
         a, b = self.coefficients(k, room)
@@ -546,7 +590,13 @@ class _Pricer:
                     cross_free.append(cross_free[-1])
                     cross_const.append(cross_const[-1])
             # Tuples of ints: the garbage collector stops tracking them.
-            v = (tuple([q for _, q in ks]), tuple(stay), tuple(cross_free), tuple(cross_const))
+            v = (
+                tuple([q for _, q in ks]),
+                tuple(stay),
+                tuple(cross_free),
+                tuple(cross_const),
+                tuple(sums[k] for k, _ in ks),
+            )
             if len(self._prefix) >= 100_000:
                 self._prefix.clear()
             self._prefix[key] = v
@@ -558,7 +608,7 @@ class _Pricer:
         d = value(model, free) - value(model, after) - (free - after) * self.total_w
         if not self.keys:
             return d
-        qs, stay, cross_free, cross_const = self.prefix(model, sums)
+        qs, stay, cross_free, cross_const, _ = self.prefix(model, sums)
         lo = bisect_right(qs, after)
         hi = bisect_right(qs, free, lo)
         return (
@@ -642,6 +692,7 @@ class FragPolicy(_ViewPolicy):
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
         self._sums_memo: dict[GpuView, KeySums] = {}
+        self._prefix_memo: dict[tuple[GpuView, str], Prefix] = {}
         self._allowed: dict[str, tuple[bool, ...]] = {}
         self._memo: dict[Any, int] = {}
         self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
@@ -677,6 +728,7 @@ class FragPolicy(_ViewPolicy):
                     self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
+                    self._prefix_memo = {}
                     self._memo = {}
                     self._allowed = {}
                     self._eval_memo = {}
@@ -719,6 +771,17 @@ class FragPolicy(_ViewPolicy):
                 self._sums_memo.clear()
             self._sums_memo[gpus_sorted] = s
         return s
+
+    def prefix_of(self, gpus: GpuView, model: str, pricer: _Pricer) -> Prefix:
+        """`_Pricer.prefix_of`, memoised per node state and model for the current table."""
+        key = (gpus, model)
+        v = self._prefix_memo.get(key)
+        if v is None:
+            v = pricer.prefix_of(gpus, model)
+            if len(self._prefix_memo) >= self.MEMO_LIMIT:
+                self._prefix_memo.clear()
+            self._prefix_memo[key] = v
+        return v
 
     def node_units(self, gpus: GpuView, cpu_free: int | None) -> int:
         """`fragmentation_units` of a node under the current table (memoised per sorted state)."""
@@ -773,7 +836,6 @@ class FragPolicy(_ViewPolicy):
         total_w = pricer.total_w
         seen: set[tuple[str, int]] = set()
         prefixes: dict[str, Prefix] = {}
-        sums: KeySums = ()
         best_d = best_left = best_i = -1
         found = False
         for i, g in enumerate(gpus):
@@ -792,10 +854,8 @@ class FragPolicy(_ViewPolicy):
             if keys:
                 pre = prefixes.get(m)
                 if pre is None:
-                    if not sums:
-                        sums = self.key_sums(tuple(sorted(gpus)), pricer)
-                    pre = prefixes[m] = pricer.prefix(m, sums)
-                qs, stay, cross_free, cross_const = pre
+                    pre = prefixes[m] = self.prefix_of(gpus, m, pricer)
+                qs, stay, cross_free, cross_const, _ = pre
                 lo = bisect_right(qs, a)
                 hi = bisect_right(qs, f, lo)
                 d += per * stay[lo] + f * (cross_free[hi] - cross_free[lo]) + cross_const[hi] - cross_const[lo]
@@ -827,8 +887,7 @@ class FragPolicy(_ViewPolicy):
             d = -count * per * pricer.total_w
             for f, _ in picked:
                 d += value(model, f) - value(model, f - per)
-            sums = self.key_sums(tuple(sorted(gpus)), pricer)
-            qs, stay, _, _ = pricer.prefix(model, sums)
+            qs, stay, _, _, sums = self.prefix_of(gpus, model, pricer)
             lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
             d += count * per * stay[lo]
             ks = pricer.keys_for(model)
@@ -842,7 +901,7 @@ class FragPolicy(_ViewPolicy):
                         else:
                             dr -= 1
                             du -= f
-                room, usable = sums[k]
+                room, usable = sums[j]
                 d -= pricer.kept(k, room + dr, usable + du) - pricer.kept(k, room, usable)
         left = sum(f for f, _ in picked) - per * count
         return self._finish(d, left, chosen, gpus, per, None)
