@@ -473,6 +473,8 @@ class _Pricer:
         self._ab: dict[tuple[int, int], tuple[int, int]] = {}
         self._prefix: dict[tuple[str, KeySums], Prefix] = {}
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
+        self._qs: dict[str, tuple[int, ...]] = {}
+        self._unrestricted = all(not models for models, _ in self.keys)
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -532,9 +534,12 @@ class _Pricer:
         distinct model filter, one bisection per key) without building the key sums."""
         ks = self.keys_for(model)
         keys = self.keys
-        crossing = self.crossing
+        rows = self._crossing
         frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
-        qs, stay, cross_free, cross_const, sums = [], [0], [0], [0], []
+        if self._unrestricted:  # every key may use every GPU: one sorted list serves them all
+            vals = sorted([f for _, f in gpus])
+            frees[()] = (vals, [0, *accumulate(vals)])
+        stay, cross_free, cross_const, sums = [0], [0], [0], []
         s = cf = cc = 0
         for k, q in ks:
             models = keys[k][0]
@@ -546,17 +551,24 @@ class _Pricer:
             i = bisect_left(vals, q)
             room = len(vals) - i
             usable = running[-1] - running[i]
-            a, a0, da, db = crossing(k, room)
+            row = rows[k]
+            a, a0, da, db = row[room] if room < len(row) else self.crossing(k, room)
             s += a
             if room:
                 cf += a0
                 cc += da * usable + db
             sums.append((room, usable))
-            qs.append(q)
             stay.append(s)
             cross_free.append(cf)
             cross_const.append(cc)
-        return tuple(qs), tuple(stay), tuple(cross_free), tuple(cross_const), tuple(sums)
+        return self.qs_for(model), tuple(stay), tuple(cross_free), tuple(cross_const), tuple(sums)
+
+    def qs_for(self, model: str) -> tuple[int, ...]:
+        """The per_gpu of `keys_for(model)`, in its order."""
+        qs = self._qs.get(model)
+        if qs is None:
+            qs = self._qs[model] = tuple(q for _, q in self.keys_for(model))
+        return qs
 
     def kept(self, k: int, room: int, usable: int) -> int:
         """What the multi-GPU groups of key `k` keep of a node with `room` GPUs holding `usable`."""
