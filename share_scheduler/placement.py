@@ -474,6 +474,7 @@ class _Pricer:
         self._prefix: dict[tuple[str, KeySums], Prefix] = {}
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
+        self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
         self._unrestricted = all(not models for models, _ in self.keys)
 
     def value(self, model: str, free: int) -> int:
@@ -569,6 +570,13 @@ class _Pricer:
         if qs is None:
             qs = self._qs[model] = tuple(q for _, q in self.keys_for(model))
         return qs
+
+    def coefficient_row(self, k: int, room: int) -> list[tuple[int, int]]:
+        """`coefficients(k, r)` for r = 0..room at least, as a list (read by index in hot loops)."""
+        row = self._coef_rows[k]
+        while len(row) <= room:
+            row.append(self.coefficients(k, len(row)))
+        return row
 
     def kept(self, k: int, room: int, usable: int) -> int:
         """What the multi-GPU groups of key `k` keep of a node with `room` GPUs holding `usable`."""
@@ -914,7 +922,10 @@ class FragPolicy(_ViewPolicy):
                             dr -= 1
                             du -= f
                 room, usable = sums[j]
-                d -= pricer.kept(k, room + dr, usable + du) - pricer.kept(k, room, usable)
+                row = pricer.coefficient_row(k, room)
+                a1, b1 = row[room + dr]
+                a0, b0 = row[room]
+                d -= a1 * (usable + du) + b1 - a0 * usable - b0
         left = sum(f for f, _ in picked) - per * count
         return self._finish(d, left, chosen, gpus, per, None)
 
