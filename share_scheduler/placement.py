@@ -474,6 +474,7 @@ class _Pricer:
         self._prefix: dict[tuple[str, KeySums], Prefix] = {}
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
+        self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
         self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
         self._unrestricted = all(not models for models, _ in self.keys)
 
@@ -489,6 +490,14 @@ class _Pricer:
                     v += weight * (keep_w * free + wa * per * (free // per))
             self.values[key] = v
         return v
+
+    def single_loss(self, per: int) -> dict[tuple[str, int], int]:
+        """(model, free) -> what taking `per` units from that GPU costs the single-GPU groups, plus the
+        free capacity it removes (`value(free) - value(free - per) - per x total_w`), filled lazily."""
+        d = self._single_loss.get(per)
+        if d is None:
+            d = self._single_loss[per] = {}
+        return d
 
     def keys_for(self, model: str) -> tuple[tuple[int, int], ...]:
         """(key index, per_gpu) of the multi-GPU keys that may use `model`, by per_gpu ascending."""
@@ -850,27 +859,25 @@ class FragPolicy(_ViewPolicy):
         if mem_free is not None and mem_free < demand.memory:
             return None
         per, models = demand.per_gpu, demand.models
-        values = pricer.values
-        value = pricer.value
+        # What the single-GPU groups lose when this demand takes one GPU (model, free): the same on
+        # every node, so one dict per size serves them all.
+        single = pricer.single_loss(per)
         keys = pricer.keys
-        total_w = pricer.total_w
         seen: set[tuple[str, int]] = set()
         prefixes: dict[str, Prefix] = {}
         best_d = best_left = best_i = -1
         found = False
+        node_free = 0
         for i, g in enumerate(gpus):
             m, f = g
+            node_free += f
             if f < per or g in seen or (models and not _model_allowed(models, m)):
                 continue
             seen.add(g)
             a = f - per
-            vf = values.get(g)
-            if vf is None:
-                vf = value(m, f)
-            va = values.get((m, a))
-            if va is None:
-                va = value(m, a)
-            d = vf - va - per * total_w
+            d = single.get(g)
+            if d is None:
+                d = single[g] = pricer.value(m, f) - pricer.value(m, a) - per * pricer.total_w
             if keys:
                 pre = prefixes.get(m)
                 if pre is None:
@@ -883,7 +890,7 @@ class FragPolicy(_ViewPolicy):
                 best_d, best_left, best_i, found = d, a, i, True
         if not found:
             return None
-        return self._finish(best_d, best_left, (best_i,), gpus, per, None)
+        return self._finish(best_d, best_left, (best_i,), gpus, per, None, node_free)
 
     def _evaluate_gpus(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
         """`_evaluate` for a multi-GPU demand without CPU information: the best-fit GPUs, priced as
@@ -930,14 +937,23 @@ class FragPolicy(_ViewPolicy):
         return self._finish(d, left, chosen, gpus, per, None)
 
     def _finish(
-        self, units: int, left: int, chosen: tuple[int, ...], gpus: GpuView, per: int, cpu_after: int | None
+        self,
+        units: int,
+        left: int,
+        chosen: tuple[int, ...],
+        gpus: GpuView,
+        per: int,
+        cpu_after: int | None,
+        node_free: int | None = None,
     ) -> Evaluation:
         """The score of the chosen placement from its exact fragmentation growth (`units`)."""
         total_w = self._pricer.total_w
         delta_f = units / total_w if units else 0.0
         # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
         # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
-        node_left = sum(f for _, f in gpus) - per * len(chosen)
+        if node_free is None:
+            node_free = sum(f for _, f in gpus)
+        node_left = node_free - per * len(chosen)
         cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
         if self.pressure and chosen:
             # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
