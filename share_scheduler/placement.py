@@ -906,33 +906,44 @@ class FragPolicy(_ViewPolicy):
         picked = elig[:count]
         chosen = tuple(sorted(i for _, i in picked))
         model = gpus[picked[0][1]][0] if picked else ""
-        if not picked or not pricer.keys or any(gpus[i][0] != model for _, i in picked):
-            changes = [(gpus[i][0], f, f - per) for f, i in picked]
-            d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if pricer.keys else (), changes)
-        else:
-            value = pricer.value
-            d = -count * per * pricer.total_w
-            for f, _ in picked:
-                d += value(model, f) - value(model, f - per)
-            qs, stay, _, _, sums = self.prefix_of(gpus, model, pricer)
-            lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
-            d += count * per * stay[lo]
-            ks = pricer.keys_for(model)
-            for j in range(lo, bisect_right(qs, picked[-1][0], lo)):
-                k, q = ks[j]
-                dr = du = 0
-                for f, _ in picked:
-                    if f >= q:
-                        if f - per >= q:
-                            du -= per
-                        else:
-                            dr -= 1
-                            du -= f
-                room, usable = sums[j]
-                row = pricer.coefficient_row(k, room)
-                a1, b1 = row[room + dr]
-                a0, b0 = row[room]
-                d -= a1 * (usable + du) + b1 - a0 * usable - b0
+        keys = pricer.keys
+        d = 0
+        left = -per * count
+        if picked and keys:
+            single = pricer.single_loss(per)  # includes the free capacity each GPU gives up
+            for f, i in picked:
+                g = gpus[i]
+                if g[0] != model:
+                    break
+                left += f
+                x = single.get(g)
+                if x is None:
+                    x = single[g] = pricer.value(model, f) - pricer.value(model, f - per) - per * pricer.total_w
+                d += x
+            else:
+                qs, stay, _, _, sums = self.prefix_of(gpus, model, pricer)
+                lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
+                d += count * per * stay[lo]
+                ks = pricer.keys_for(model)
+                for j in range(lo, bisect_right(qs, picked[-1][0], lo)):
+                    k, q = ks[j]
+                    dr = du = 0
+                    for f, _ in picked:
+                        if f >= q:
+                            if f - per >= q:
+                                du -= per
+                            else:
+                                dr -= 1
+                                du -= f
+                    room, usable = sums[j]
+                    row = pricer.coefficient_row(k, room)
+                    a1, b1 = row[room + dr]
+                    a0, b0 = row[room]
+                    d -= a1 * (usable + du) + b1 - a0 * usable - b0
+                return self._finish(d, left, chosen, gpus, per, None)
+        # Mixed models on the chosen GPUs, no multi-GPU keys, or a CPU-only demand: the general sum.
+        changes = [(gpus[i][0], f, f - per) for f, i in picked]
+        d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if keys else (), changes)
         left = sum(f for f, _ in picked) - per * count
         return self._finish(d, left, chosen, gpus, per, None)
 
