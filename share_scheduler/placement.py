@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any, Protocol
 
 NEG_INF = float("-inf")
@@ -440,8 +440,17 @@ def fragmentation_units(
 # Key sums of a node without CPU information: per multi-GPU key (models, per_gpu), (GPUs with room,
 # their free capacity). What the single-GPU groups need is a sum over GPUs (see `_Pricer`).
 KeySums = tuple[tuple[int, int], ...]
-# Per model on a node: multi-GPU keys' per_gpu ascending and running sums (see `_Pricer.prefix`).
-Prefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]]
+# Per model on a node (see `_Pricer.prefix`): the multi-GPU keys' per_gpu ascending, running sums `stay`
+# and `cross_free`, per key `cross_usable` and `cross_const`, and per key the node's (room, usable).
+Prefix = tuple[
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+]
 
 
 class _Pricer:
@@ -471,7 +480,7 @@ class _Pricer:
         self.values: dict[tuple[str, int], int] = {}
         self._by_model: dict[str, tuple[tuple[int, int], ...]] = {}
         self._ab: dict[tuple[int, int], tuple[int, int]] = {}
-        self._prefix: dict[tuple[str, KeySums], Prefix] = {}
+        self._by_rooms: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
         self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
@@ -540,38 +549,59 @@ class _Pricer:
         return row[room]
 
     def prefix_of(self, gpus: GpuView, model: str) -> Prefix:
-        """`prefix(model, key_sums(gpus))`, computed straight from the node's GPUs (one sort per
-        distinct model filter, one bisection per key) without building the key sums."""
-        ks = self.keys_for(model)
-        keys = self.keys
-        rows = self._crossing
-        frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        """`prefix(model, key_sums(gpus))`, computed straight from the node's GPUs: one sort, and the
+        bisections for every key in one call when no key is restricted to GPU models."""
+        qs = self.qs_for(model)
         if self._unrestricted:  # every key may use every GPU: one sorted list serves them all
             vals = sorted([f for _, f in gpus])
-            frees[()] = (vals, [0, *accumulate(vals)])
-        stay, cross_free, cross_const, sums = [0], [0], [0], []
-        s = cf = cc = 0
-        for k, q in ks:
-            models = keys[k][0]
-            fs = frees.get(models)
-            if fs is None:
-                vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
-                fs = frees[models] = (vals, [0, *accumulate(vals)])
-            vals, running = fs
-            i = bisect_left(vals, q)
-            room = len(vals) - i
-            usable = running[-1] - running[i]
-            row = rows[k]
-            a, a0, da, db = row[room] if room < len(row) else self.crossing(k, room)
-            s += a
-            if room:
-                cf += a0
-                cc += da * usable + db
-            sums.append((room, usable))
-            stay.append(s)
-            cross_free.append(cf)
-            cross_const.append(cc)
-        return self.qs_for(model), tuple(stay), tuple(cross_free), tuple(cross_const), tuple(sums)
+            running = [0, *accumulate(vals)]
+            n, total = len(vals), running[-1]
+            idx = list(map(bisect_left, repeat(vals, len(qs)), qs))
+            rooms = tuple([n - i for i in idx])
+            usables = tuple([total - running[i] for i in idx])
+        else:
+            keys = self.keys
+            frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+            room_list, usable_list = [], []
+            for k, q in self.keys_for(model):
+                models = keys[k][0]
+                fs = frees.get(models)
+                if fs is None:
+                    vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+                    fs = frees[models] = (vals, [0, *accumulate(vals)])
+                vals, running = fs
+                i = bisect_left(vals, q)
+                room_list.append(len(vals) - i)
+                usable_list.append(running[-1] - running[i])
+            rooms, usables = tuple(room_list), tuple(usable_list)
+        return (qs, *self.by_rooms(model, rooms), rooms, usables)
+
+    def by_rooms(
+        self, model: str, rooms: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The parts of `prefix` that depend on the keys' room counts alone (nodes share them)."""
+        key = (model, rooms)
+        v = self._by_rooms.get(key)
+        if v is None:
+            stay, cross_free, cross_usable, cross_const = [0], [0], [], []
+            s = cf = 0
+            for (k, _), room in zip(self.keys_for(model), rooms, strict=True):
+                a, a0, da, db = self.crossing(k, room)
+                s += a
+                if room:
+                    cf += a0
+                else:  # no GPU of this node has room for the key: no share can cross it
+                    da = db = 0
+                stay.append(s)
+                cross_free.append(cf)
+                cross_usable.append(da)
+                cross_const.append(db)
+            # Tuples of ints: the garbage collector stops tracking them.
+            v = (tuple(stay), tuple(cross_free), tuple(cross_usable), tuple(cross_const))
+            if len(self._by_rooms) >= 100_000:
+                self._by_rooms.clear()
+            self._by_rooms[key] = v
+        return v
 
     def qs_for(self, model: str) -> tuple[int, ...]:
         """The per_gpu of `keys_for(model)`, in its order."""
@@ -593,43 +623,27 @@ class _Pricer:
         return a * usable + b
 
     def prefix(self, model: str, sums: KeySums) -> Prefix:
-        """Running sums over the multi-GPU keys that may use `model` (per_gpu ascending), so that one
-        GPU's share is priced with two bisections whatever the number of keys.
+        """What pricing one GPU of `model` needs of a node with these key sums, so that a share is
+        priced with two bisections whatever the number of keys (keys by per_gpu ascending).
 
         A share that leaves a GPU with room for key k only lowers the key's usable capacity, which
         changes what it keeps by `A(room) x share` (running sum `stay`). A share that takes the GPU
         below the key's per_gpu removes it from the room count: the key keeps
         `A(room - 1) x free + (A(room) - A(room - 1)) x usable + B(room) - B(room - 1)` less, linear in
-        the GPU's free units (running sums `cross_free`, `cross_const`)."""
-        key = (model, sums)
-        v = self._prefix.get(key)
-        if v is None:
-            ks = self.keys_for(model)
-            coefficients = self.coefficients
-            stay, cross_free, cross_const = [0], [0], [0]
-            for k, _ in ks:
-                room, usable = sums[k]
-                a, b = coefficients(k, room)
-                stay.append(stay[-1] + a)
-                if room:
-                    a0, b0 = coefficients(k, room - 1)
-                    cross_free.append(cross_free[-1] + a0)
-                    cross_const.append(cross_const[-1] + (a - a0) * usable + b - b0)
-                else:  # no GPU of this node has room for the key: no share can cross it
-                    cross_free.append(cross_free[-1])
-                    cross_const.append(cross_const[-1])
-            # Tuples of ints: the garbage collector stops tracking them.
-            v = (
-                tuple([q for _, q in ks]),
-                tuple(stay),
-                tuple(cross_free),
-                tuple(cross_const),
-                tuple(sums[k] for k, _ in ks),
-            )
-            if len(self._prefix) >= 100_000:
-                self._prefix.clear()
-            self._prefix[key] = v
-        return v
+        the GPU's free units (running sum `cross_free` of A(room - 1); per key `cross_usable` =
+        A(room) - A(room - 1) and `cross_const` = B(room) - B(room - 1), for the few keys a share crosses)."""
+        ks = self.keys_for(model)
+        rooms = tuple(sums[k][0] for k, _ in ks)
+        usables = tuple(sums[k][1] for k, _ in ks)
+        return (self.qs_for(model), *self.by_rooms(model, rooms), rooms, usables)
+
+    def crossed(self, pre: Prefix, lo: int, hi: int, free: int) -> int:
+        """What the keys lo..hi-1 (a GPU with `free` units drops below their per_gpu) keep less."""
+        _, _, cross_free, cross_usable, cross_const, _, usables = pre
+        d = free * (cross_free[hi] - cross_free[lo])
+        for j in range(lo, hi):
+            d += cross_usable[j] * usables[j] + cross_const[j]
+        return d
 
     def delta_one(self, sums: KeySums, model: str, free: int, after: int) -> int:
         """`delta` for one GPU, without visiting the keys it stays above or below."""
@@ -637,12 +651,11 @@ class _Pricer:
         d = value(model, free) - value(model, after) - (free - after) * self.total_w
         if not self.keys:
             return d
-        qs, stay, cross_free, cross_const, _ = self.prefix(model, sums)
+        pre = self.prefix(model, sums)
+        qs, stay = pre[0], pre[1]
         lo = bisect_right(qs, after)
         hi = bisect_right(qs, free, lo)
-        return (
-            d + (free - after) * stay[lo] + free * (cross_free[hi] - cross_free[lo]) + cross_const[hi] - cross_const[lo]
-        )
+        return d + (free - after) * stay[lo] + self.crossed(pre, lo, hi, free)
 
     def key_sums(self, gpus: GpuView) -> KeySums:
         """(GPUs with room, their free capacity) per multi-GPU key."""
@@ -882,10 +895,12 @@ class FragPolicy(_ViewPolicy):
                 pre = prefixes.get(m)
                 if pre is None:
                     pre = prefixes[m] = self.prefix_of(gpus, m, pricer)
-                qs, stay, cross_free, cross_const, _ = pre
+                qs = pre[0]
                 lo = bisect_right(qs, a)
                 hi = bisect_right(qs, f, lo)
-                d += per * stay[lo] + f * (cross_free[hi] - cross_free[lo]) + cross_const[hi] - cross_const[lo]
+                d += per * pre[1][lo]
+                if hi > lo:
+                    d += pricer.crossed(pre, lo, hi, f)
             if not found or d < best_d or (d == best_d and a < best_left):
                 best_d, best_left, best_i, found = d, a, i, True
         if not found:
@@ -921,7 +936,7 @@ class FragPolicy(_ViewPolicy):
                     x = single[g] = pricer.value(model, f) - pricer.value(model, f - per) - per * pricer.total_w
                 d += x
             else:
-                qs, stay, _, _, sums = self.prefix_of(gpus, model, pricer)
+                qs, stay, _, _, _, rooms, usables = self.prefix_of(gpus, model, pricer)
                 lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
                 d += count * per * stay[lo]
                 ks = pricer.keys_for(model)
@@ -935,7 +950,7 @@ class FragPolicy(_ViewPolicy):
                             else:
                                 dr -= 1
                                 du -= f
-                    room, usable = sums[j]
+                    room, usable = rooms[j], usables[j]
                     row = pricer.coefficient_row(k, room)
                     a1, b1 = row[room + dr]
                     a0, b0 = row[room]
