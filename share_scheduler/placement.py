@@ -739,6 +739,11 @@ class FragPolicy(_ViewPolicy):
         self._memo: dict[Any, int] = {}
         self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
         self._eval_size = 0
+        self._last: tuple[Demand | None, dict[NodeView, Evaluation], dict[Demand, dict[NodeView, Evaluation]]] = (
+            None,
+            {},
+            {},
+        )
 
     def observe(self, demand: Demand) -> None:
         if demand.count <= 0 or demand.per_gpu <= 0:
@@ -848,9 +853,14 @@ class FragPolicy(_ViewPolicy):
         # One dict per demand, keyed by the view alone: its keys and values are tuples of numbers and
         # strings, which the cyclic garbage collector stops tracking, so a memo of many entries adds
         # nothing to every full collection's work (a (view, demand) key holds the tracked Demand).
-        memo = self._eval_memo.get(demand)
-        if memo is None:
-            memo = self._eval_memo.setdefault(demand, {})
+        # A filter pass asks about every node for one Demand object: skip hashing it again.
+        last_demand, memo, outer = self._last
+        if last_demand is not demand or outer is not self._eval_memo:
+            outer = self._eval_memo
+            memo = outer.get(demand)
+            if memo is None:
+                memo = outer.setdefault(demand, {})
+            self._last = (demand, memo, outer)
         ev = memo.get(view, _MISSING)
         if ev is _MISSING:
             ev = self._evaluate(view, demand)
