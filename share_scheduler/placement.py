@@ -300,6 +300,7 @@ class _ClassGroup:
     cum: tuple[float, ...]  # cum[j] = probability of the classes with cpus[:j]
     weight: int = 0  # pods observed in the group (frag prices in these exact counts)
     wcum: tuple[int, ...] = ()  # wcum[j] = pods observed in the classes with cpus[:j]
+    wcpu: tuple[int, ...] = ()  # wcpu[j] = CPU those pods ask in all (sum of pods x cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,11 +325,16 @@ class WorkloadTable:
         groups = []
         for (models, per_gpu, count), cpus in sorted(by_group.items()):
             keys = sorted(cpus)
-            cum, wcum = [0.0], [0]
+            cum, wcum, wcpu = [0.0], [0], [0]
             for k in keys:
                 cum.append(cum[-1] + cpus[k] / total)
                 wcum.append(wcum[-1] + int(cpus[k]))
-            groups.append(_ClassGroup(models, per_gpu, count, cum[-1], tuple(keys), tuple(cum), wcum[-1], tuple(wcum)))
+                wcpu.append(wcpu[-1] + int(cpus[k]) * k)
+            groups.append(
+                _ClassGroup(
+                    models, per_gpu, count, cum[-1], tuple(keys), tuple(cum), wcum[-1], tuple(wcum), tuple(wcpu)
+                )
+            )
         return WorkloadTable(tuple(groups), int(total), sum(g.weight for g in groups))
 
 
@@ -381,9 +387,11 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
     Two views of "could not use", blended by `fill_weight`:
     - next pod (FGD): for a class that cannot be hosted at all (too few GPUs with room, too little
       CPU) all free capacity counts; otherwise the free capacity of the GPUs too small for one share.
-    - fill: the free capacity left over after as many pods of the class as the node's GPUs *and* CPU
-      can take. FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit
-      shares strand 60 units of a GPU; this term sees both.
+    - fill: the free capacity left over after as many pods of the class as the node's GPUs can take,
+      all classes' pods sharing the node's CPU as they arrive (in proportion to how often each does).
+      FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit shares
+      strand 60 units of a GPU; this term sees both. Shared, not class by class: a 96-core node is
+      not "too short of CPU" for 18-core pods when most pods that will fill it ask 4.
     """
     total = 0
     for _, f in gpus:
@@ -403,19 +411,23 @@ def fragmentation_from(
 def fragmentation_units(
     total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, wa: int, wb: int
 ) -> int:
-    """`fragmentation` x `table.weight` x `wb`, in exact integers (fill weight `wa`/`wb`).
+    """`fragmentation` x `table.weight` x `wb`, in integers (fill weight `wa`/`wb`).
 
     Per group, with w the fill weight and p the group's probability: a group the node cannot host
     strands all `total` in both views; one it can host strands `p x total - ok x usable` (next pod;
-    `ok`: the probability of its classes whose CPU fits) and `p x total - take x sum(p_i x pods_i)`
-    (fill). As the probabilities add up to 1, the blend is `total - sum over hostable groups of
-    ((1 - w) x ok x usable + w x take x sum(p_i x pods_i))`; counted in observed pods instead of
-    probabilities, every term is an integer. Exact, so equal placements price equal and the
-    incremental pricing below can be checked against this for equality, not closeness.
+    `ok`: the probability of its classes whose CPU fits) and `p x total - take x ok x slots` (fill:
+    `slots` pods of the group on the node's GPUs). As the probabilities add up to 1, the blend is
+    `total - (1 - w) x sum(ok x usable) - w x fill`, where fill is `sum(take x ok x slots)` over the
+    groups the node can host, in GPU units. With CPU information, the pods that fill the node share
+    its free CPU: a stream drawn from the workload asks `sum(slots x sum(p_i x cpu_i))` of it for
+    that fill, and when that is more than the node has, the fill shrinks in proportion (rounded down
+    to a whole unit of `1 / (table.weight x wb)`). Counted in observed pods instead of probabilities,
+    every term is an integer, so equal placements price equal and the incremental pricing below can be
+    checked against this for equality, not closeness.
     """
     if total == 0 or not table.groups:
         return 0
-    kept = 0
+    kept = fill = need = 0
     keep_w = wb - wa
     for g, (room, usable, slots) in zip(table.groups, aggs, strict=True):
         count = g.count
@@ -426,14 +438,15 @@ def fragmentation_units(
         if cpu_free is None:
             kept += g.weight * (keep_w * usable + wa * g.per_gpu * count * slots)
             continue
-        cpus, wcum = g.cpus, g.wcum
-        j = bisect_right(cpus, cpu_free)
-        filled = 0
-        for i in range(j):
-            cpu = cpus[i]
-            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            filled += (wcum[i + 1] - wcum[i]) * pods
-        kept += keep_w * wcum[j] * usable + wa * g.per_gpu * count * filled
+        j = bisect_right(g.cpus, cpu_free)  # classes whose CPU fits at all
+        ok = g.wcum[j]
+        kept += keep_w * ok * usable
+        fill += ok * g.per_gpu * count * slots
+        need += g.wcpu[j] * slots
+    if cpu_free is not None:
+        if need > cpu_free * table.weight:  # the CPU runs out first: fill in proportion
+            fill = fill * cpu_free * table.weight // need
+        kept += wa * fill
     return total * table.weight * wb - kept
 
 

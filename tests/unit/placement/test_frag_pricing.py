@@ -1,10 +1,13 @@
-"""frag's exact pricing: the incremental paths equal a recount, and decide as the float definition did.
+"""frag's exact pricing: the incremental paths equal a recount, and decide as the float formula does.
 
 `fragmentation_units` is the definition (integers: pods observed instead of probabilities). Every
 faster path (`_Pricer.delta`, `delta_one`, `prefix_of`, the policy's single- and multi-GPU fast paths
-without CPU) must give exactly the same integer, so the same decisions; and the exact definition must
-agree with the probability-weighted float formula frag used before (`float_fragmentation` below, kept
-as the reference) up to rounding, and choose the same node on random clusters.
+without CPU) must give exactly the same integer, so the same decisions. The integer definition must
+agree with the probability-weighted float formula (`float_fragmentation` below) up to rounding, and
+choose the same node on random clusters. Without CPU information (the extender's case) that float
+formula is the one frag used before this pricing, unchanged; with CPU it shares the node's CPU among
+the pods that fill it instead of letting each class fill the node alone (`per_class_cpu=True` keeps
+the earlier rule, to show the two differ only there).
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from share_scheduler.placement import (
 MODELS = ("T4", "V100", "A100")
 
 
-def float_fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
-    """frag's fragmentation as it was computed before the exact version: probabilities, floats."""
+def float_fragmentation(
+    gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6, per_class_cpu: bool = False
+) -> float:
+    """frag's fragmentation in probabilities and floats, written out term by term."""
     total = sum(f for _, f in gpus)
     if total == 0:
         return 0.0
     next_pod = fill = 0.0
+    fill_units = cpu_need = 0.0  # shared CPU: GPU units the hostable groups fill, CPU they ask for it
     for g, (room, usable, slots) in zip(table.groups, group_aggregates(gpus, table), strict=True):
         per, count = g.per_gpu, g.count
         if room < count:
@@ -54,11 +60,16 @@ def float_fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTabl
         j = bisect_right(g.cpus, cpu_free)
         ok = g.cum[j]
         next_pod += ok * stranded + (g.prob - ok) * total
-        fill += (g.prob - ok) * total
+        fill += g.prob * total
         for i in range(j):
-            cpu = g.cpus[i]
-            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            fill += (g.cum[i + 1] - g.cum[i]) * (total - pods * take)
+            cpu, p = g.cpus[i], g.cum[i + 1] - g.cum[i]
+            if per_class_cpu:
+                fill -= p * take * (slots if cpu == 0 else min(slots, cpu_free // cpu))
+            else:
+                fill_units += p * take * slots
+                cpu_need += p * slots * cpu
+    if cpu_free is not None and not per_class_cpu:
+        fill -= fill_units * (1.0 if cpu_need <= cpu_free else cpu_free / cpu_need)
     return (1.0 - fill_weight) * next_pod + fill_weight * fill
 
 
@@ -85,13 +96,21 @@ def random_gpus(rng: random.Random, unit: int) -> GpuView:
 
 def test_exact_fragmentation_is_the_float_definition():
     rng = random.Random(1)
+    differs = 0
     for _ in range(3000):
         unit = rng.choice((80, 1000))
         t = WorkloadTable.from_counts(random_table(rng, unit, cpu=True))
         gpus = random_gpus(rng, unit)
         cpu = rng.choice((None, 0, 3000, 16000, 64000))
         for w in (0.0, 0.6, 1.0):
-            assert fragmentation(gpus, cpu, t, w) == pytest.approx(float_fragmentation(gpus, cpu, t, w), rel=1e-9)
+            # Integers, rounded down to 1 / (pods x 5) of a unit where the CPU runs out.
+            want = float_fragmentation(gpus, cpu, t, w)
+            assert fragmentation(gpus, cpu, t, w) == pytest.approx(want, rel=1e-9, abs=1.0 / t.weight)
+            earlier = float_fragmentation(gpus, cpu, t, w, per_class_cpu=True)
+            if cpu is None:
+                assert earlier == pytest.approx(want, rel=1e-9)  # the extender's case did not change
+            differs += abs(earlier - want) > 1e-6
+    assert differs  # with CPU, the shared budget is a different measure
 
 
 def test_incremental_prices_equal_the_recount_exactly():
