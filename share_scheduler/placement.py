@@ -390,8 +390,8 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
     - fill: the free capacity left over after as many pods of the class as the node's GPUs can take,
       all classes' pods sharing the node's CPU as they arrive (in proportion to how often each does).
       FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit shares
-      strand 60 units of a GPU; this term sees both. Shared, not class by class: a 96-core node is
-      not "too short of CPU" for 18-core pods when most pods that will fill it ask 4.
+      strand 60 units of a GPU; this term sees both. Shared, not class by class: a node with 12 cores
+      per GPU is not "too short of CPU" for 18-core pods when the pods that fill it ask 9 on average.
     """
     total = 0
     for _, f in gpus:
