@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from itertools import accumulate, repeat
+from operator import itemgetter
 from typing import Any, Protocol
 
 NEG_INF = float("-inf")
@@ -566,7 +567,7 @@ class _Pricer:
         bisections for every key in one call when no key is restricted to GPU models."""
         qs = self.qs_for(model)
         if self._unrestricted:  # every key may use every GPU: one sorted list serves them all
-            vals = sorted([f for _, f in gpus])
+            vals = sorted(map(itemgetter(1), gpus))
             running = [0, *accumulate(vals)]
             n, total = len(vals), running[-1]
             idx = list(map(bisect_left, repeat(vals, len(qs)), qs))
@@ -899,17 +900,14 @@ class FragPolicy(_ViewPolicy):
         # every node, so one dict per size serves them all.
         single = pricer.single_loss(per)
         keys = pricer.keys
-        seen: set[tuple[str, int]] = set()
         prefixes: dict[str, Prefix] = {}
-        best_d = best_left = best_i = -1
-        found = False
-        node_free = 0
-        for i, g in enumerate(gpus):
+        best_d = best_left = 0
+        best: tuple[str, int] | None = None
+        # Each distinct GPU state once, in the order of its first position (dict.fromkeys keeps it).
+        for g in dict.fromkeys(gpus):
             m, f = g
-            node_free += f
-            if f < per or g in seen or (models and not _model_allowed(models, m)):
+            if f < per or (models and not _model_allowed(models, m)):
                 continue
-            seen.add(g)
             a = f - per
             d = single.get(g)
             if d is None:
@@ -924,11 +922,11 @@ class FragPolicy(_ViewPolicy):
                 d += per * pre[1][lo]
                 if hi > lo:
                     d += pricer.crossed(pre, lo, hi, f)
-            if not found or d < best_d or (d == best_d and a < best_left):
-                best_d, best_left, best_i, found = d, a, i, True
-        if not found:
+            if best is None or d < best_d or (d == best_d and a < best_left):
+                best_d, best_left, best = d, a, g
+        if best is None:
             return None
-        return self._finish(best_d, best_left, (best_i,), gpus, per, None, node_free)
+        return self._finish(best_d, best_left, (gpus.index(best),), gpus, per, None, sum(map(itemgetter(1), gpus)))
 
     def _evaluate_gpus(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
         """`_evaluate` for a multi-GPU demand without CPU information: the best-fit GPUs, priced as
