@@ -246,3 +246,15 @@ def float_score(policy: FragPolicy, view, demand: Demand) -> float | None:
 def test_whole_counts_only():
     with pytest.raises(ValueError, match="whole numbers"):
         WorkloadTable.from_counts({(500, 1, (), 0): 1.5})
+
+
+def test_the_pods_that_fill_a_node_share_its_cpu():
+    # Three 1-GPU pods ask 4 cores for every one that asks 18: on average 7.5 cores a pod.
+    t = WorkloadTable.from_counts({(1000, 1, (), 4000): 3.0, (1000, 1, (), 18000): 1.0})
+    g2 = tuple(("G2", 1000) for _ in range(8))
+    # 96 cores: the mix fills all 8 GPUs (60 cores). Class by class, the 18-core pods would fill only 5
+    # and strand 3 GPUs a quarter of the time (750 units): the rule that sent such pods to 128-core nodes.
+    assert fragmentation(g2, 96000, t, fill_weight=1.0) == 0.0
+    assert float_fragmentation(g2, 96000, t, fill_weight=1.0, per_class_cpu=True) == pytest.approx(750)
+    # 36 cores: the mix fills 36 / 7.5 = 4.8 GPUs, so 3.2 stay unused.
+    assert fragmentation(g2, 36000, t, fill_weight=1.0) == pytest.approx(3200)
