@@ -749,7 +749,6 @@ class FragPolicy(_ViewPolicy):
         self._agg_memo: dict[GpuView, Aggregates] = {}
         self._sums_memo: dict[GpuView, KeySums] = {}
         self._prefix_memo: dict[tuple[GpuView, str], Prefix] = {}
-        self._allowed: dict[str, tuple[bool, ...]] = {}
         self._memo: dict[Any, int] = {}
         self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
         self._eval_size = 0
@@ -791,7 +790,6 @@ class FragPolicy(_ViewPolicy):
                     self._pressure = {}
                     self._prefix_memo = {}
                     self._memo = {}
-                    self._allowed = {}
                     self._eval_memo = {}
                     self._eval_size = 0
                     self._dirty = False
@@ -804,14 +802,6 @@ class FragPolicy(_ViewPolicy):
             v = sum(g.prob for g in self.table.groups if g.models and _model_allowed(g.models, model))
             self._pressure[model] = v
         return v
-
-    def allowed(self, model: str) -> tuple[bool, ...]:
-        """Per class group of the current table: may it use GPUs of `model`?"""
-        a = self._allowed.get(model)
-        if a is None:
-            a = tuple(not g.models or _model_allowed(g.models, model) for g in self.table.groups)
-            self._allowed[model] = a
-        return a
 
     def aggregates(self, gpus_sorted: GpuView) -> Aggregates:
         """`group_aggregates` of a node's GPUs (sorted, so nodes in the same state share them)."""
