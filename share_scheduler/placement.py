@@ -495,6 +495,7 @@ class _Pricer:
         self._by_model: dict[str, tuple[tuple[int, int], ...]] = {}
         self._ab: dict[tuple[int, int], tuple[int, int]] = {}
         self._by_rooms: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self.state_prefixes: dict[tuple[GpuView, str], Prefix] = {}  # FragPolicy.prefix_of's memo
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
         self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
@@ -731,6 +732,7 @@ class FragPolicy(_ViewPolicy):
     # Rebuild the class table when the observed count has grown by this fraction (or a class is new).
     REFRESH = 0.02
     MEMO_LIMIT = 400_000
+    PREFIX_LIMIT = 50_000  # per-state running sums kept (a few hundred bytes each; 5,000 nodes need 5,000)
 
     def __init__(self, fill_weight: float = 0.6, pressure: float = 3.0) -> None:
         if not 0.0 <= fill_weight <= 1.0 or pressure < 0:
@@ -748,7 +750,6 @@ class FragPolicy(_ViewPolicy):
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
         self._sums_memo: dict[GpuView, KeySums] = {}
-        self._prefix_memo: dict[tuple[GpuView, str], Prefix] = {}
         self._memo: dict[Any, int] = {}
         self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
         self._eval_size = 0
@@ -788,7 +789,6 @@ class FragPolicy(_ViewPolicy):
                     self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
-                    self._prefix_memo = {}
                     self._memo = {}
                     self._eval_memo = {}
                     self._eval_size = 0
@@ -824,14 +824,16 @@ class FragPolicy(_ViewPolicy):
         return s
 
     def prefix_of(self, gpus: GpuView, model: str, pricer: _Pricer) -> Prefix:
-        """`_Pricer.prefix_of`, memoised per node state and model for the current table."""
+        """`_Pricer.prefix_of`, memoised per node state and model in the pricer itself (so an entry can
+        only ever be read with the table it was computed for, whichever thread rebuilt the table)."""
+        memo = pricer.state_prefixes
         key = (gpus, model)
-        v = self._prefix_memo.get(key)
+        v = memo.get(key)
         if v is None:
             v = pricer.prefix_of(gpus, model)
-            if len(self._prefix_memo) >= self.MEMO_LIMIT:
-                self._prefix_memo.clear()
-            self._prefix_memo[key] = v
+            if len(memo) >= self.PREFIX_LIMIT:
+                memo.clear()
+            memo[key] = v
         return v
 
     def node_units(self, gpus: GpuView, cpu_free: int | None) -> int:
