@@ -18,7 +18,10 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
+from itertools import accumulate, repeat
+from operator import itemgetter
 from typing import Any, Protocol
 
 NEG_INF = float("-inf")
@@ -152,7 +155,9 @@ class _ViewPolicy:
         return tuple(sorted(indices[p] for p in ev[1]))
 
     def score(self, node: NodeState, demand: Demand) -> float:
-        ev = self.evaluate(node_view(node)[0], demand)
+        # node_view's view, built in one pass (no GPU indices needed): this runs for every node.
+        view = (tuple([(g.model, g.free) for g in node.gpus if g.healthy]), node.cpu_free, node.memory_free)
+        ev = self.evaluate(view, demand)
         return NEG_INF if ev is None else ev[0]
 
     def observe(self, demand: Demand) -> None:
@@ -294,6 +299,9 @@ class _ClassGroup:
     prob: float  # total probability of the group
     cpus: tuple[int, ...]  # distinct CPU requests, ascending
     cum: tuple[float, ...]  # cum[j] = probability of the classes with cpus[:j]
+    weight: int = 0  # pods observed in the group (frag prices in these exact counts)
+    wcum: tuple[int, ...] = ()  # wcum[j] = pods observed in the classes with cpus[:j]
+    wcpu: tuple[int, ...] = ()  # wcpu[j] = CPU those pods ask in all (sum of pods x cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +310,7 @@ class WorkloadTable:
 
     groups: tuple[_ClassGroup, ...]
     observed: int
+    weight: int = 0  # pods observed over all groups (the groups' weights add up to it)
 
     @staticmethod
     def from_counts(counts: dict[tuple[int, int, tuple[str, ...], int], float]) -> WorkloadTable:
@@ -310,16 +319,24 @@ class WorkloadTable:
             return WorkloadTable((), 0)
         by_group: dict[tuple[tuple[str, ...], int, int], dict[int, float]] = {}
         for (per_gpu, count, models, cpu), n in counts.items():
+            if n != int(n) or n < 0:
+                raise ValueError(f"pod class counts must be whole numbers, got {n!r}")
             cpus = by_group.setdefault((models, per_gpu, count), {})
-            cpus[cpu] = cpus.get(cpu, 0.0) + n / total
+            cpus[cpu] = cpus.get(cpu, 0.0) + n
         groups = []
         for (models, per_gpu, count), cpus in sorted(by_group.items()):
             keys = sorted(cpus)
-            cum = [0.0]
+            cum, wcum, wcpu = [0.0], [0], [0]
             for k in keys:
-                cum.append(cum[-1] + cpus[k])
-            groups.append(_ClassGroup(models, per_gpu, count, cum[-1], tuple(keys), tuple(cum)))
-        return WorkloadTable(tuple(groups), int(total))
+                cum.append(cum[-1] + cpus[k] / total)
+                wcum.append(wcum[-1] + int(cpus[k]))
+                wcpu.append(wcpu[-1] + int(cpus[k]) * k)
+            groups.append(
+                _ClassGroup(
+                    models, per_gpu, count, cum[-1], tuple(keys), tuple(cum), wcum[-1], tuple(wcum), tuple(wcpu)
+                )
+            )
+        return WorkloadTable(tuple(groups), int(total), sum(g.weight for g in groups))
 
 
 # Per class group: (GPUs with room for one share, their free capacity, shares of one GPU they hold).
@@ -359,53 +376,10 @@ def shift_aggregates(aggs: Aggregates, table: WorkloadTable, model: str, free: i
     return tuple(out)
 
 
-def fragmentation_shifted(
-    total: int,
-    aggs: Aggregates,
-    allowed: tuple[bool, ...],
-    free: int,
-    after: int,
-    cpu_free: int | None,
-    table: WorkloadTable,
-    fill_weight: float = 0.6,
-) -> float:
-    """`fragmentation_from(total, shift_aggregates(...), ...)` in one pass, without building the sums.
-
-    `allowed[i]` says whether group i may use the changed GPU's model; `total` is the node's free
-    capacity after the change. Same arithmetic in the same order, so the same floats.
-    """
-    if total == 0:
-        return 0.0
-    next_pod = fill = 0.0
-    for g, (room, usable, slots), ok_model in zip(table.groups, aggs, allowed, strict=True):
-        per, count = g.per_gpu, g.count
-        if ok_model:
-            if free >= per:
-                room, usable, slots = room - 1, usable - free, slots - free // per
-            if after >= per:
-                room, usable, slots = room + 1, usable + after, slots + after // per
-        if room < count:
-            next_pod += g.prob * total
-            fill += g.prob * total
-            continue
-        if count != 1:
-            slots = room // count
-        stranded = total - usable
-        take = per * count
-        if cpu_free is None:
-            next_pod += g.prob * stranded
-            fill += g.prob * (total - slots * take)
-            continue
-        j = bisect_right(g.cpus, cpu_free)
-        ok = g.cum[j]
-        next_pod += ok * stranded + (g.prob - ok) * total
-        fill += (g.prob - ok) * total
-        cpus, cum = g.cpus, g.cum
-        for i in range(j):
-            cpu = cpus[i]
-            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
-    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+def fill_ratio(fill_weight: float) -> tuple[int, int]:
+    """`fill_weight` as a fraction (numerator, denominator <= 1000), so fragmentation is exact."""
+    f = Fraction(fill_weight).limit_denominator(1000)
+    return f.numerator, f.denominator
 
 
 def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6) -> float:
@@ -414,15 +388,15 @@ def fragmentation(gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fil
     Two views of "could not use", blended by `fill_weight`:
     - next pod (FGD): for a class that cannot be hosted at all (too few GPUs with room, too little
       CPU) all free capacity counts; otherwise the free capacity of the GPUs too small for one share.
-    - fill: the free capacity left over after as many pods of the class as the node's GPUs *and* CPU
-      can take. FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit
-      shares strand 60 units of a GPU; this term sees both.
+    - fill: the free capacity left over after as many pods of the class as the node's GPUs can take,
+      all classes' pods sharing the node's CPU as they arrive (in proportion to how often each does).
+      FGD misses that 8 free GPUs with CPU for 3 pods strand 5 GPUs, or that two 470-unit shares
+      strand 60 units of a GPU; this term sees both. Shared, not class by class: a node with 12 cores
+      per GPU is not "too short of CPU" for 18-core pods when the pods that fill it ask 9 on average.
     """
     total = 0
     for _, f in gpus:
         total += f
-    if total == 0:
-        return 0.0
     return fragmentation_from(total, group_aggregates(gpus, table), cpu_free, table, fill_weight)
 
 
@@ -430,33 +404,325 @@ def fragmentation_from(
     total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6
 ) -> float:
     """`fragmentation` from a node's free total and per-group aggregates (see `group_aggregates`)."""
-    if total == 0:
-        return 0.0
-    next_pod = fill = 0.0
+    wa, wb = fill_ratio(fill_weight)
+    units = fragmentation_units(total, aggs, cpu_free, table, wa, wb)
+    return units / (table.weight * wb) if units else 0.0
+
+
+def fragmentation_units(
+    total: int, aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, wa: int, wb: int
+) -> int:
+    """`fragmentation` x `table.weight` x `wb`, in integers (fill weight `wa`/`wb`).
+
+    Per group, with w the fill weight and p the group's probability: a group the node cannot host
+    strands all `total` in both views; one it can host strands `p x total - ok x usable` (next pod;
+    `ok`: the probability of its classes whose CPU fits) and `p x total - take x ok x slots` (fill:
+    `slots` pods of the group on the node's GPUs). As the probabilities add up to 1, the blend is
+    `total - (1 - w) x sum(ok x usable) - w x fill`, where fill is `sum(take x ok x slots)` over the
+    groups the node can host, in GPU units. With CPU information, the pods that fill the node share
+    its free CPU: a stream drawn from the workload asks `sum(slots x sum(p_i x cpu_i))` of it for
+    that fill, and when that is more than the node has, the fill shrinks in proportion (rounded down
+    to a whole unit of `1 / (table.weight x wb)`). Counted in observed pods instead of probabilities,
+    every term is an integer, so equal placements price equal and the incremental pricing below can be
+    checked against this for equality, not closeness.
+    """
+    if total == 0 or not table.groups:
+        return 0
+    kept = fill = need = 0
+    keep_w = wb - wa
     for g, (room, usable, slots) in zip(table.groups, aggs, strict=True):
-        per, count = g.per_gpu, g.count
+        count = g.count
         if room < count:
-            next_pod += g.prob * total
-            fill += g.prob * total
             continue
         if count != 1:
             slots = room // count
-        stranded = total - usable
-        take = per * count
         if cpu_free is None:
-            next_pod += g.prob * stranded
-            fill += g.prob * (total - slots * take)
+            kept += g.weight * (keep_w * usable + wa * g.per_gpu * count * slots)
             continue
-        j = bisect_right(g.cpus, cpu_free)
-        ok = g.cum[j]  # probability of the classes whose CPU fits at all
-        next_pod += ok * stranded + (g.prob - ok) * total
-        fill += (g.prob - ok) * total
-        cpus, cum = g.cpus, g.cum
-        for i in range(j):
-            cpu = cpus[i]
-            pods = slots if cpu == 0 else min(slots, cpu_free // cpu)
-            fill += (cum[i + 1] - cum[i]) * (total - pods * take)
-    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+        j = bisect_right(g.cpus, cpu_free)  # classes whose CPU fits at all
+        ok = g.wcum[j]
+        kept += keep_w * ok * usable
+        fill += ok * g.per_gpu * count * slots
+        need += g.wcpu[j] * slots
+    if cpu_free is not None:
+        if need > cpu_free * table.weight:  # the CPU runs out first: fill in proportion
+            fill = fill * cpu_free * table.weight // need
+        kept += wa * fill
+    return total * table.weight * wb - kept
+
+
+# Key sums of a node without CPU information: per multi-GPU key (models, per_gpu), (GPUs with room,
+# their free capacity). What the single-GPU groups need is a sum over GPUs (see `_Pricer`).
+KeySums = tuple[tuple[int, int], ...]
+# Per model on a node (see `_Pricer.prefix`): the multi-GPU keys' per_gpu ascending, running sums `stay`
+# and `cross_free`, per key `cross_usable` and `cross_const`, and per key the node's (room, usable).
+Prefix = tuple[
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+    tuple[int, ...],
+]
+
+
+class _Pricer:
+    """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
+
+    Without CPU, a hostable single-GPU group keeps `weight x ((1 - w) x usable + w x per x slots)`,
+    which is a sum over the node's GPUs (a group with no GPU with room keeps nothing either way): so
+    all single-GPU groups together keep `sum over GPUs of V(model, free)`, and a share taken from one
+    GPU changes it by `V(model, after) - V(model, free)`, whatever the rest of the node holds. A
+    multi-GPU group keeps `A(room) x usable + B(room)` (zero below `count` GPUs with room), so it needs
+    the node's (room, usable) per distinct (models, per_gpu) key: few keys, each a bisection. A
+    placement's price is then a handful of integer operations per changed GPU, instead of a pass over
+    every group for every candidate GPU, and equals `fragmentation_units(after) - ...(before)` exactly.
+    """
+
+    def __init__(self, table: WorkloadTable, wa: int, wb: int) -> None:
+        self.table = table
+        self.wa, self.keep_w = wa, wb - wa
+        self.total_w = table.weight * wb  # units per unit of free capacity
+        self.singles = tuple((g.models, g.per_gpu, g.weight) for g in table.groups if g.count == 1)
+        multi: dict[tuple[tuple[str, ...], int], list[tuple[int, int]]] = {}
+        for g in table.groups:
+            if g.count != 1:
+                multi.setdefault((g.models, g.per_gpu), []).append((g.count, g.weight))
+        self.keys = tuple(sorted(multi))
+        self._key_groups = tuple(tuple(multi[k]) for k in self.keys)
+        self.values: dict[tuple[str, int], int] = {}
+        self._by_model: dict[str, tuple[tuple[int, int], ...]] = {}
+        self._ab: dict[tuple[int, int], tuple[int, int]] = {}
+        self._by_rooms: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self.state_prefixes: dict[tuple[GpuView, str], Prefix] = {}  # FragPolicy.prefix_of's memo
+        self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
+        self._qs: dict[str, tuple[int, ...]] = {}
+        self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
+        self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
+        self._unrestricted = all(not models for models, _ in self.keys)
+
+    def value(self, model: str, free: int) -> int:
+        """What all single-GPU groups keep of one GPU of `model` with `free` units."""
+        key = (model, free)
+        v = self.values.get(key)
+        if v is None:
+            v = 0
+            wa, keep_w = self.wa, self.keep_w
+            for models, per, weight in self.singles:
+                if free >= per and (not models or _model_allowed(models, model)):
+                    v += weight * (keep_w * free + wa * per * (free // per))
+            self.values[key] = v
+        return v
+
+    def single_loss(self, per: int) -> dict[tuple[str, int], int]:
+        """(model, free) -> what taking `per` units from that GPU costs the single-GPU groups, plus the
+        free capacity it removes (`value(free) - value(free - per) - per x total_w`), filled lazily."""
+        d = self._single_loss.get(per)
+        if d is None:
+            d = self._single_loss[per] = {}
+        return d
+
+    def keys_for(self, model: str) -> tuple[tuple[int, int], ...]:
+        """(key index, per_gpu) of the multi-GPU keys that may use `model`, by per_gpu ascending."""
+        out = self._by_model.get(model)
+        if out is None:
+            out = tuple(
+                sorted(
+                    ((k, q) for k, (models, q) in enumerate(self.keys) if not models or _model_allowed(models, model)),
+                    key=lambda x: (x[1], x[0]),
+                )
+            )
+            self._by_model[model] = out
+        return out
+
+    def coefficients(self, k: int, room: int) -> tuple[int, int]:
+        """(A, B): the multi-GPU groups of key `k` keep `A x usable + B` of a node with `room` GPUs."""
+        ab = self._ab.get((k, room))
+        if ab is None:
+            a = b = 0
+            per = self.keys[k][1]
+            for count, weight in self._key_groups[k]:
+                if room >= count:
+                    a += weight
+                    b += weight * count * (room // count)
+            ab = self._ab[(k, room)] = (self.keep_w * a, self.wa * per * b)
+        return ab
+
+    def crossing(self, k: int, room: int) -> tuple[int, int, int, int]:
+        """(A(room), A(room - 1), A(room) - A(room - 1), B(room) - B(room - 1)) for key `k` (zeros
+        but A at room 0), from a per-key list: `prefix_of` reads it once per key and node."""
+        row = self._crossing[k]
+        while len(row) <= room:
+            r = len(row)
+            a, b = self.coefficients(k, r)
+            if r == 0:
+                row.append((a, 0, 0, 0))
+            else:
+                a0, b0 = self.coefficients(k, r - 1)
+                row.append((a, a0, a - a0, b - b0))
+        return row[room]
+
+    def prefix_of(self, gpus: GpuView, model: str) -> Prefix:
+        """`prefix(model, key_sums(gpus))`, computed straight from the node's GPUs: one sort, and the
+        bisections for every key in one call when no key is restricted to GPU models."""
+        qs = self.qs_for(model)
+        if self._unrestricted:  # every key may use every GPU: one sorted list serves them all
+            vals = sorted(map(itemgetter(1), gpus))
+            running = [0, *accumulate(vals)]
+            n, total = len(vals), running[-1]
+            idx = list(map(bisect_left, repeat(vals, len(qs)), qs))
+            rooms = tuple([n - i for i in idx])
+            usables = tuple([total - running[i] for i in idx])
+        else:
+            keys = self.keys
+            frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+            room_list, usable_list = [], []
+            for k, q in self.keys_for(model):
+                models = keys[k][0]
+                fs = frees.get(models)
+                if fs is None:
+                    vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+                    fs = frees[models] = (vals, [0, *accumulate(vals)])
+                vals, running = fs
+                i = bisect_left(vals, q)
+                room_list.append(len(vals) - i)
+                usable_list.append(running[-1] - running[i])
+            rooms, usables = tuple(room_list), tuple(usable_list)
+        return (qs, *self.by_rooms(model, rooms), rooms, usables)
+
+    def by_rooms(
+        self, model: str, rooms: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The parts of `prefix` that depend on the keys' room counts alone (nodes share them)."""
+        key = (model, rooms)
+        v = self._by_rooms.get(key)
+        if v is None:
+            stay, cross_free, cross_usable, cross_const = [0], [0], [], []
+            s = cf = 0
+            for (k, _), room in zip(self.keys_for(model), rooms, strict=True):
+                a, a0, da, db = self.crossing(k, room)
+                s += a
+                if room:
+                    cf += a0
+                else:  # no GPU of this node has room for the key: no share can cross it
+                    da = db = 0
+                stay.append(s)
+                cross_free.append(cf)
+                cross_usable.append(da)
+                cross_const.append(db)
+            # Tuples of ints: the garbage collector stops tracking them.
+            v = (tuple(stay), tuple(cross_free), tuple(cross_usable), tuple(cross_const))
+            if len(self._by_rooms) >= 100_000:
+                self._by_rooms.clear()
+            self._by_rooms[key] = v
+        return v
+
+    def qs_for(self, model: str) -> tuple[int, ...]:
+        """The per_gpu of `keys_for(model)`, in its order."""
+        qs = self._qs.get(model)
+        if qs is None:
+            qs = self._qs[model] = tuple(q for _, q in self.keys_for(model))
+        return qs
+
+    def coefficient_row(self, k: int, room: int) -> list[tuple[int, int]]:
+        """`coefficients(k, r)` for r = 0..room at least, as a list (read by index in hot loops)."""
+        row = self._coef_rows[k]
+        while len(row) <= room:
+            row.append(self.coefficients(k, len(row)))
+        return row
+
+    def kept(self, k: int, room: int, usable: int) -> int:
+        """What the multi-GPU groups of key `k` keep of a node with `room` GPUs holding `usable`."""
+        a, b = self.coefficients(k, room)
+        return a * usable + b
+
+    def prefix(self, model: str, sums: KeySums) -> Prefix:
+        """What pricing one GPU of `model` needs of a node with these key sums, so that a share is
+        priced with two bisections whatever the number of keys (keys by per_gpu ascending).
+
+        A share that leaves a GPU with room for key k only lowers the key's usable capacity, which
+        changes what it keeps by `A(room) x share` (running sum `stay`). A share that takes the GPU
+        below the key's per_gpu removes it from the room count: the key keeps
+        `A(room - 1) x free + (A(room) - A(room - 1)) x usable + B(room) - B(room - 1)` less, linear in
+        the GPU's free units (running sum `cross_free` of A(room - 1); per key `cross_usable` =
+        A(room) - A(room - 1) and `cross_const` = B(room) - B(room - 1), for the few keys a share crosses)."""
+        ks = self.keys_for(model)
+        rooms = tuple(sums[k][0] for k, _ in ks)
+        usables = tuple(sums[k][1] for k, _ in ks)
+        return (self.qs_for(model), *self.by_rooms(model, rooms), rooms, usables)
+
+    def crossed(self, pre: Prefix, lo: int, hi: int, free: int) -> int:
+        """What the keys lo..hi-1 (a GPU with `free` units drops below their per_gpu) keep less."""
+        _, _, cross_free, cross_usable, cross_const, _, usables = pre
+        d = free * (cross_free[hi] - cross_free[lo])
+        for j in range(lo, hi):
+            d += cross_usable[j] * usables[j] + cross_const[j]
+        return d
+
+    def delta_one(self, sums: KeySums, model: str, free: int, after: int) -> int:
+        """`delta` for one GPU, without visiting the keys it stays above or below."""
+        value = self.value
+        d = value(model, free) - value(model, after) - (free - after) * self.total_w
+        if not self.keys:
+            return d
+        pre = self.prefix(model, sums)
+        qs, stay = pre[0], pre[1]
+        lo = bisect_right(qs, after)
+        hi = bisect_right(qs, free, lo)
+        return d + (free - after) * stay[lo] + self.crossed(pre, lo, hi, free)
+
+    def key_sums(self, gpus: GpuView) -> KeySums:
+        """(GPUs with room, their free capacity) per multi-GPU key."""
+        out = []
+        frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
+        for models, per in self.keys:
+            fs = frees.get(models)
+            if fs is None:
+                vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+                fs = frees[models] = (vals, [0, *accumulate(vals)])
+            vals, running = fs
+            i = bisect_left(vals, per)
+            out.append((len(vals) - i, running[-1] - running[i]))
+        return tuple(out)
+
+    def delta(self, sums: KeySums, changes: Sequence[tuple[str, int, int]]) -> int:
+        """`fragmentation_units` after minus before, for GPUs changing (model, free, after)."""
+        d = 0
+        taken = 0
+        value = self.value
+        for m, f, a in changes:
+            taken += f - a
+            d -= value(m, a) - value(m, f)
+        d -= taken * self.total_w
+        if not self.keys:
+            return d
+        if len(changes) == 1:
+            m, f, a = changes[0]
+            for k, per in self.keys_for(m):
+                if per > f:
+                    break
+                room, usable = sums[k]
+                if a >= per:
+                    d -= self.kept(k, room, usable - (f - a)) - self.kept(k, room, usable)
+                else:
+                    d -= self.kept(k, room - 1, usable - f) - self.kept(k, room, usable)
+            return d
+        shifts: dict[int, list[int]] = {}
+        for m, f, a in changes:
+            for k, per in self.keys_for(m):
+                if per > f:
+                    break
+                s = shifts.setdefault(k, [0, 0])
+                if a >= per:
+                    s[1] -= f - a
+                else:
+                    s[0] -= 1
+                    s[1] -= f
+        for k, (dr, du) in shifts.items():
+            room, usable = sums[k]
+            d -= self.kept(k, room + dr, usable + du) - self.kept(k, room, usable)
+        return d
 
 
 class FragPolicy(_ViewPolicy):
@@ -466,11 +732,13 @@ class FragPolicy(_ViewPolicy):
     # Rebuild the class table when the observed count has grown by this fraction (or a class is new).
     REFRESH = 0.02
     MEMO_LIMIT = 400_000
+    PREFIX_LIMIT = 50_000  # per-state running sums kept (a few hundred bytes each; 5,000 nodes need 5,000)
 
     def __init__(self, fill_weight: float = 0.6, pressure: float = 3.0) -> None:
         if not 0.0 <= fill_weight <= 1.0 or pressure < 0:
             raise ValueError("frag: fill_weight must be in [0, 1] and pressure non-negative")
         self.fill_weight = fill_weight
+        self._wa, self._wb = fill_ratio(fill_weight)
         self.pressure = pressure
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
@@ -478,11 +746,18 @@ class FragPolicy(_ViewPolicy):
         self._table_observed = 0
         self._dirty = False
         self._table = WorkloadTable((), 0)
+        self._pricer = _Pricer(self._table, self._wa, self._wb)
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
-        self._allowed: dict[str, tuple[bool, ...]] = {}
-        self._memo: dict[Any, float] = {}
-        self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
+        self._sums_memo: dict[GpuView, KeySums] = {}
+        self._memo: dict[Any, int] = {}
+        self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
+        self._eval_size = 0
+        self._last: tuple[Demand | None, dict[NodeView, Evaluation], dict[Demand, dict[NodeView, Evaluation]]] = (
+            None,
+            {},
+            {},
+        )
 
     def observe(self, demand: Demand) -> None:
         if demand.count <= 0 or demand.per_gpu <= 0:
@@ -503,13 +778,20 @@ class FragPolicy(_ViewPolicy):
         if self._dirty:
             with self._lock:
                 if self._dirty:
-                    self._table = WorkloadTable.from_counts(self._counts)
+                    table = WorkloadTable.from_counts(self._counts)
+                    pricer = _Pricer(table, self._wa, self._wb)
+                    if [(g.models, g.per_gpu) for g in table.groups] != [
+                        (g.models, g.per_gpu) for g in self._table.groups
+                    ]:
+                        self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
+                    if pricer.keys != self._pricer.keys:
+                        self._sums_memo = {}
+                    self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
                     self._memo = {}
-                    self._agg_memo = {}
-                    self._allowed = {}
                     self._eval_memo = {}
+                    self._eval_size = 0
                     self._dirty = False
         return self._table
 
@@ -521,14 +803,6 @@ class FragPolicy(_ViewPolicy):
             self._pressure[model] = v
         return v
 
-    def allowed(self, model: str) -> tuple[bool, ...]:
-        """Per class group of the current table: may it use GPUs of `model`?"""
-        a = self._allowed.get(model)
-        if a is None:
-            a = tuple(not g.models or _model_allowed(g.models, model) for g in self.table.groups)
-            self._allowed[model] = a
-        return a
-
     def aggregates(self, gpus_sorted: GpuView) -> Aggregates:
         """`group_aggregates` of a node's GPUs (sorted, so nodes in the same state share them)."""
         a = self._agg_memo.get(gpus_sorted)
@@ -539,39 +813,205 @@ class FragPolicy(_ViewPolicy):
             self._agg_memo[gpus_sorted] = a
         return a
 
-    def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
-        table = self.table
-        memo = self._memo
-        gpus_sorted = tuple(sorted(gpus))
-        key = (gpus_sorted, cpu_free)
+    def key_sums(self, gpus_sorted: GpuView, pricer: _Pricer) -> KeySums:
+        """`_Pricer.key_sums` of a node's GPUs, kept across table rebuilds while the keys stay."""
+        s = self._sums_memo.get(gpus_sorted)
+        if s is None:
+            s = pricer.key_sums(gpus_sorted)
+            if len(self._sums_memo) >= self.MEMO_LIMIT:
+                self._sums_memo.clear()
+            self._sums_memo[gpus_sorted] = s
+        return s
+
+    def prefix_of(self, gpus: GpuView, model: str, pricer: _Pricer) -> Prefix:
+        """`_Pricer.prefix_of`, memoised per node state and model in the pricer itself (so an entry can
+        only ever be read with the table it was computed for, whichever thread rebuilt the table)."""
+        memo = pricer.state_prefixes
+        key = (gpus, model)
         v = memo.get(key)
         if v is None:
-            total = sum(f for _, f in gpus)
-            v = fragmentation_from(total, self.aggregates(gpus_sorted), cpu_free, table, self.fill_weight)
-            if len(memo) >= self.MEMO_LIMIT:
+            v = pricer.prefix_of(gpus, model)
+            if len(memo) >= self.PREFIX_LIMIT:
                 memo.clear()
             memo[key] = v
         return v
 
+    def node_units(self, gpus: GpuView, cpu_free: int | None) -> int:
+        """`fragmentation_units` of a node under the current table (memoised per sorted state)."""
+        gpus_sorted = tuple(sorted(gpus))
+        key = (gpus_sorted, cpu_free)
+        v = self._memo.get(key)
+        if v is None:
+            total = sum(f for _, f in gpus)
+            v = fragmentation_units(total, self.aggregates(gpus_sorted), cpu_free, self.table, self._wa, self._wb)
+            if len(self._memo) >= self.MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = v
+        return v
+
+    def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
+        """Expected fragmentation of a node under the current table (`fragmentation`, memoised)."""
+        units = self.node_units(gpus, cpu_free)
+        return units / (self.table.weight * self._wb) if units else 0.0
+
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         _ = self.table  # refresh first, so the memo below belongs to the current table
-        memo = self._eval_memo
-        key = (view, demand)
-        ev = memo.get(key, _MISSING)
+        # One dict per demand, keyed by the view alone: its keys and values are tuples of numbers and
+        # strings, which the cyclic garbage collector stops tracking, so a memo of many entries adds
+        # nothing to every full collection's work (a (view, demand) key holds the tracked Demand).
+        # A filter pass asks about every node for one Demand object: skip hashing it again.
+        last_demand, memo, outer = self._last
+        if last_demand is not demand or outer is not self._eval_memo:
+            outer = self._eval_memo
+            memo = outer.get(demand)
+            if memo is None:
+                memo = outer.setdefault(demand, {})
+            self._last = (demand, memo, outer)
+        ev = memo.get(view, _MISSING)
         if ev is _MISSING:
             ev = self._evaluate(view, demand)
-            if len(memo) >= self.MEMO_LIMIT:
-                memo.clear()
-            memo[key] = ev
+            if self._eval_size >= self.MEMO_LIMIT:  # start afresh
+                memo = {}
+                self._eval_memo = {demand: memo}
+                self._eval_size = 0
+            self._eval_size += 1
+            memo[view] = ev
         return ev  # type: ignore[return-value]
 
+    def _evaluate_one_gpu(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
+        """`_evaluate` for a single-GPU demand without CPU information (the extender's common case).
+
+        The same candidates in the same order and the same exact prices as the general path, in one
+        pass over the GPUs: the multi-GPU keys' running sums are built once per model on the node.
+        """
+        gpus, _, mem_free = view
+        if mem_free is not None and mem_free < demand.memory:
+            return None
+        per, models = demand.per_gpu, demand.models
+        # What the single-GPU groups lose when this demand takes one GPU (model, free): the same on
+        # every node, so one dict per size serves them all.
+        single = pricer.single_loss(per)
+        keys = pricer.keys
+        prefixes: dict[str, Prefix] = {}
+        best_d = best_left = 0
+        best: tuple[str, int] | None = None
+        # Each distinct GPU state once, in the order of its first position (dict.fromkeys keeps it).
+        for g in dict.fromkeys(gpus):
+            m, f = g
+            if f < per or (models and not _model_allowed(models, m)):
+                continue
+            a = f - per
+            d = single.get(g)
+            if d is None:
+                d = single[g] = pricer.value(m, f) - pricer.value(m, a) - per * pricer.total_w
+            if keys:
+                pre = prefixes.get(m)
+                if pre is None:
+                    pre = prefixes[m] = self.prefix_of(gpus, m, pricer)
+                qs = pre[0]
+                lo = bisect_right(qs, a)
+                hi = bisect_right(qs, f, lo)
+                d += per * pre[1][lo]
+                if hi > lo:
+                    d += pricer.crossed(pre, lo, hi, f)
+            if best is None or d < best_d or (d == best_d and a < best_left):
+                best_d, best_left, best = d, a, g
+        if best is None:
+            return None
+        return self._finish(best_d, best_left, (gpus.index(best),), gpus, per, None, sum(map(itemgetter(1), gpus)))
+
+    def _evaluate_gpus(self, view: NodeView, demand: Demand, pricer: _Pricer) -> Evaluation:
+        """`_evaluate` for a multi-GPU demand without CPU information: the best-fit GPUs, priced as
+        `_Pricer.delta` does, with the keys every chosen GPU stays above taken from the running sums."""
+        gpus, _, mem_free = view
+        if mem_free is not None and mem_free < demand.memory:
+            return None
+        per, count, models = demand.per_gpu, demand.count, demand.models
+        elig = [(f, i) for i, (m, f) in enumerate(gpus) if f >= per and (not models or _model_allowed(models, m))]
+        if len(elig) < count:
+            return None
+        elig.sort()  # least room first, lowest index on ties: `_best_fit`
+        picked = elig[:count]
+        chosen = tuple(sorted(i for _, i in picked))
+        model = gpus[picked[0][1]][0] if picked else ""
+        keys = pricer.keys
+        d = 0
+        left = -per * count
+        if picked and keys:
+            single = pricer.single_loss(per)  # includes the free capacity each GPU gives up
+            for f, i in picked:
+                g = gpus[i]
+                if g[0] != model:
+                    break
+                left += f
+                x = single.get(g)
+                if x is None:
+                    x = single[g] = pricer.value(model, f) - pricer.value(model, f - per) - per * pricer.total_w
+                d += x
+            else:
+                qs, stay, _, _, _, rooms, usables = self.prefix_of(gpus, model, pricer)
+                lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
+                d += count * per * stay[lo]
+                ks = pricer.keys_for(model)
+                for j in range(lo, bisect_right(qs, picked[-1][0], lo)):
+                    k, q = ks[j]
+                    dr = du = 0
+                    for f, _ in picked:
+                        if f >= q:
+                            if f - per >= q:
+                                du -= per
+                            else:
+                                dr -= 1
+                                du -= f
+                    room, usable = rooms[j], usables[j]
+                    row = pricer.coefficient_row(k, room)
+                    a1, b1 = row[room + dr]
+                    a0, b0 = row[room]
+                    d -= a1 * (usable + du) + b1 - a0 * usable - b0
+                return self._finish(d, left, chosen, gpus, per, None)
+        # Mixed models on the chosen GPUs, no multi-GPU keys, or a CPU-only demand: the general sum.
+        changes = [(gpus[i][0], f, f - per) for f, i in picked]
+        d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if keys else (), changes)
+        left = sum(f for f, _ in picked) - per * count
+        return self._finish(d, left, chosen, gpus, per, None)
+
+    def _finish(
+        self,
+        units: int,
+        left: int,
+        chosen: tuple[int, ...],
+        gpus: GpuView,
+        per: int,
+        cpu_after: int | None,
+        node_free: int | None = None,
+    ) -> Evaluation:
+        """The score of the chosen placement from its exact fragmentation growth (`units`)."""
+        total_w = self._pricer.total_w
+        delta_f = units / total_w if units else 0.0
+        # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
+        # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
+        if node_free is None:
+            node_free = sum(f for _, f in gpus)
+        node_left = node_free - per * len(chosen)
+        cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
+        if self.pressure and chosen:
+            # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
+            # so pods that may run elsewhere leave it to them (constant for a pod that may not).
+            delta_f += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
+        return -(delta_f + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
+
     def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        pricer = self._pricer
+        if view[1] is None:
+            if demand.count == 1:
+                return self._evaluate_one_gpu(view, demand, pricer)
+            return self._evaluate_gpus(view, demand, pricer)
         elig = eligible_positions(view, demand)
         if elig is None:
             return None
         gpus, cpu_free, _ = view
+        table = pricer.table
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu
-        before = self.node_fragmentation(gpus, cpu_free)
         node_free = sum(f for _, f in gpus)
         per = demand.per_gpu
         if demand.count == 1:
@@ -583,38 +1023,47 @@ class FragPolicy(_ViewPolicy):
                     candidates.append((i,))
         else:
             candidates = [_best_fit(view, elig, demand.count)]
-        best: tuple[float, float, tuple[int, ...]] | None = None
-        table = self.table
-        aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
-        for chosen in candidates:
-            if demand.count == 1:
-                # One GPU changes: update the per-group sums instead of recounting the node.
-                m, f = gpus[chosen[0]]
-                after = fragmentation_shifted(
-                    node_free - per, aggs, self.allowed(m), f, f - per, cpu_after, table, self.fill_weight
-                )
-            else:
-                after_gpus = list(gpus)
-                for i in chosen:
-                    m, f = after_gpus[i]
-                    after_gpus[i] = (m, f - per)
-                after = self.node_fragmentation(tuple(after_gpus), cpu_after)
-            delta = after - before
-            left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
-            key = (delta, left)
-            if best is None or key < best[:2]:
-                best = (delta, left, chosen)
+        best: tuple[int, int, tuple[int, ...]] | None = None
+        if cpu_free is None:
+            # The extender's case: exact incremental prices, O(1) per changed GPU (see _Pricer).
+            sums = self.key_sums(tuple(sorted(gpus)), pricer) if pricer.keys else ()
+            for chosen in candidates:
+                if len(chosen) == 1:
+                    m, f = gpus[chosen[0]]
+                    delta = pricer.delta_one(sums, m, f, f - per)
+                else:
+                    delta = pricer.delta(sums, [(gpus[i][0], gpus[i][1], gpus[i][1] - per) for i in chosen])
+                left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
+                if best is None or (delta, left) < best[:2]:
+                    best = (delta, left, chosen)
+        else:
+            before = self.node_units(gpus, cpu_free)
+            aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
+            for chosen in candidates:
+                if demand.count == 1:
+                    # One GPU changes: update the per-group sums instead of recounting the node.
+                    m, f = gpus[chosen[0]]
+                    after = fragmentation_units(
+                        node_free - per,
+                        shift_aggregates(aggs, table, m, f, f - per),
+                        cpu_after,
+                        table,
+                        self._wa,
+                        self._wb,
+                    )
+                else:
+                    after_gpus = list(gpus)
+                    for i in chosen:
+                        m, f = after_gpus[i]
+                        after_gpus[i] = (m, f - per)
+                    after = self.node_units(tuple(after_gpus), cpu_after)
+                delta = after - before
+                left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
+                if best is None or (delta, left) < best[:2]:
+                    best = (delta, left, chosen)
         assert best is not None
-        delta, left, chosen = best
-        # One float, lexicographic in practice: fragmentation growth, then the chosen GPU's leftover,
-        # then the node's leftover free GPU and CPU (best fit). Deltas differ by >= ~1e-4 in practice.
-        node_left = node_free - per * len(chosen)
-        cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
-        if self.pressure and chosen:
-            # Scarcity: GPU capacity that pods restricted to this GPU model need costs more to take,
-            # so pods that may run elsewhere leave it to them (constant for a pod that may not).
-            delta += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
-        return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
+        units, left, chosen = best
+        return self._finish(units, left, chosen, gpus, per, cpu_after)
 
 
 # ---------------------------------------------------------------------------------------------------

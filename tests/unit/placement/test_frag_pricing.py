@@ -1,0 +1,260 @@
+"""frag's exact pricing: the incremental paths equal a recount, and decide as the float formula does.
+
+`fragmentation_units` is the definition (integers: pods observed instead of probabilities). Every
+faster path (`_Pricer.delta`, `delta_one`, `prefix_of`, the policy's single- and multi-GPU fast paths
+without CPU) must give exactly the same integer, so the same decisions. The integer definition must
+agree with the probability-weighted float formula (`float_fragmentation` below) up to rounding, and
+choose the same node on random clusters. Without CPU information (the extender's case) that float
+formula is the one frag used before this pricing, unchanged; with CPU it shares the node's CPU among
+the pods that fill it instead of letting each class fill the node alone (`per_class_cpu=True` keeps
+the earlier rule, to show the two differ only there).
+"""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+
+import pytest
+
+from share_scheduler.placement import (
+    Demand,
+    FragPolicy,
+    GpuView,
+    WorkloadTable,
+    _best_fit,
+    _Pricer,
+    eligible_positions,
+    fill_ratio,
+    fragmentation,
+    fragmentation_units,
+    group_aggregates,
+)
+
+MODELS = ("T4", "V100", "A100")
+
+
+def float_fragmentation(
+    gpus: GpuView, cpu_free: int | None, table: WorkloadTable, fill_weight: float = 0.6, per_class_cpu: bool = False
+) -> float:
+    """frag's fragmentation in probabilities and floats, written out term by term."""
+    total = sum(f for _, f in gpus)
+    if total == 0:
+        return 0.0
+    next_pod = fill = 0.0
+    fill_units = cpu_need = 0.0  # shared CPU: GPU units the hostable groups fill, CPU they ask for it
+    for g, (room, usable, slots) in zip(table.groups, group_aggregates(gpus, table), strict=True):
+        per, count = g.per_gpu, g.count
+        if room < count:
+            next_pod += g.prob * total
+            fill += g.prob * total
+            continue
+        if count != 1:
+            slots = room // count
+        stranded = total - usable
+        take = per * count
+        if cpu_free is None:
+            next_pod += g.prob * stranded
+            fill += g.prob * (total - slots * take)
+            continue
+        j = bisect_right(g.cpus, cpu_free)
+        ok = g.cum[j]
+        next_pod += ok * stranded + (g.prob - ok) * total
+        fill += g.prob * total
+        for i in range(j):
+            cpu, p = g.cpus[i], g.cum[i + 1] - g.cum[i]
+            if per_class_cpu:
+                fill -= p * take * (slots if cpu == 0 else min(slots, cpu_free // cpu))
+            else:
+                fill_units += p * take * slots
+                cpu_need += p * slots * cpu
+    if cpu_free is not None and not per_class_cpu:
+        fill -= fill_units * (1.0 if cpu_need <= cpu_free else cpu_free / cpu_need)
+    return (1.0 - fill_weight) * next_pod + fill_weight * fill
+
+
+def random_table(rng: random.Random, unit: int, cpu: bool) -> dict:
+    sizes = (unit // 20, unit // 10, unit // 4, unit // 2, unit * 3 // 5, unit)
+    counts: dict = {}
+    for _ in range(rng.randint(1, 14)):
+        count = rng.choice((1, 1, 1, 2, 4, 8))
+        per = unit if count > 1 and rng.random() < 0.5 else rng.choice(sizes)
+        models = (rng.choice(MODELS).lower(),) if rng.random() < 0.25 else ()
+        key = (per, count, models, rng.choice((0, 2000, 8000, 32000)) if cpu else 0)
+        counts[key] = counts.get(key, 0.0) + float(rng.randint(1, 9))
+    return counts
+
+
+def random_gpus(rng: random.Random, unit: int) -> GpuView:
+    model = rng.choice(MODELS)
+    out = []
+    for _ in range(rng.choice((1, 2, 4, 8, 8, 16))):
+        m = model if rng.random() < 0.85 else rng.choice(MODELS)
+        out.append((m, max(0, rng.choice((0, unit, unit, unit - rng.randint(1, unit))))))
+    return tuple(out)
+
+
+def test_exact_fragmentation_is_the_float_definition():
+    rng = random.Random(1)
+    differs = 0
+    for _ in range(3000):
+        unit = rng.choice((80, 1000))
+        t = WorkloadTable.from_counts(random_table(rng, unit, cpu=True))
+        gpus = random_gpus(rng, unit)
+        cpu = rng.choice((None, 0, 3000, 16000, 64000))
+        for w in (0.0, 0.6, 1.0):
+            # Integers, rounded down to 1 / (pods x 5) of a unit where the CPU runs out.
+            want = float_fragmentation(gpus, cpu, t, w)
+            assert fragmentation(gpus, cpu, t, w) == pytest.approx(want, rel=1e-9, abs=1.0 / t.weight)
+            earlier = float_fragmentation(gpus, cpu, t, w, per_class_cpu=True)
+            if cpu is None:
+                assert earlier == pytest.approx(want, rel=1e-9)  # the extender's case did not change
+            differs += abs(earlier - want) > 1e-6
+    assert differs  # with CPU, the shared budget is a different measure
+
+
+def test_incremental_prices_equal_the_recount_exactly():
+    rng = random.Random(2)
+    wa, wb = fill_ratio(0.6)
+    assert (wa, wb) == (3, 5)
+    for _ in range(3000):
+        unit = rng.choice((80, 1000))
+        t = WorkloadTable.from_counts(random_table(rng, unit, cpu=False))
+        pricer = _Pricer(t, wa, wb)
+        gpus = random_gpus(rng, unit)
+        total = sum(f for _, f in gpus)
+        before = fragmentation_units(total, group_aggregates(gpus, t), None, t, wa, wb)
+        sums = pricer.key_sums(tuple(sorted(gpus)))
+        for m in MODELS:
+            assert pricer.prefix_of(gpus, m) == pricer.prefix(m, sums)
+        per = rng.choice((unit // 20, unit // 4, unit // 2, unit))
+        for i, (m, f) in enumerate(gpus):  # one GPU
+            if f < per:
+                continue
+            after = list(gpus)
+            after[i] = (m, f - per)
+            want = fragmentation_units(total - per, group_aggregates(tuple(after), t), None, t, wa, wb) - before
+            assert pricer.delta_one(sums, m, f, f - per) == want
+            assert pricer.delta(sums, [(m, f, f - per)]) == want
+        room = [i for i, (_, f) in enumerate(gpus) if f >= per]  # several GPUs
+        if len(room) >= 2:
+            chosen = rng.sample(room, rng.randint(2, len(room)))
+            after = list(gpus)
+            for i in chosen:
+                after[i] = (gpus[i][0], gpus[i][1] - per)
+            want = fragmentation_units(total - per * len(chosen), group_aggregates(tuple(after), t), None, t, wa, wb)
+            changes = [(gpus[i][0], gpus[i][1], gpus[i][1] - per) for i in chosen]
+            assert pricer.delta(sums, changes) == want - before
+
+
+def reference_evaluate(policy: FragPolicy, view, demand: Demand):
+    """frag's decision by recounting the node for every candidate (the general path, no shortcuts)."""
+    elig = eligible_positions(view, demand)
+    if elig is None:
+        return None
+    gpus, cpu_free, _ = view
+    t = policy.table
+    wa, wb = fill_ratio(policy.fill_weight)
+    cpu_after = None if cpu_free is None else cpu_free - demand.cpu
+    total = sum(f for _, f in gpus)
+    before = fragmentation_units(total, group_aggregates(gpus, t), cpu_free, t, wa, wb)
+    if demand.count == 1:
+        candidates = []
+        for i in elig:
+            if all(gpus[c[0]] != gpus[i] for c in candidates):
+                candidates.append((i,))
+    else:
+        candidates = [_best_fit(view, elig, demand.count)]
+    best = None
+    for chosen in candidates:
+        after = list(gpus)
+        for i in chosen:
+            after[i] = (after[i][0], after[i][1] - demand.per_gpu)
+        taken = demand.per_gpu * len(chosen)
+        delta = fragmentation_units(total - taken, group_aggregates(tuple(after), t), cpu_after, t, wa, wb) - before
+        left = sum(gpus[i][1] for i in chosen) - taken
+        if best is None or (delta, left) < best[:2]:
+            best = (delta, left, chosen)
+    return policy._finish(best[0], best[1], best[2], gpus, demand.per_gpu, cpu_after)
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_fast_paths_decide_exactly_as_a_recount(cpu):
+    rng = random.Random(3 + cpu)
+    for _ in range(60):
+        unit = rng.choice((80, 1000))
+        p = FragPolicy()
+        for (per, count, models, c), n in random_table(rng, unit, cpu).items():
+            for _ in range(int(n)):
+                p.observe(Demand(per, count, models, c))
+        for _ in range(40):
+            view = (random_gpus(rng, unit), rng.choice((0, 8000, 64000)) if cpu else None, None)
+            count = rng.choice((0, 1, 1, 1, 2, 4))
+            per = rng.choice((unit // 20, unit // 4, unit // 2, unit)) if count else 0
+            models = (rng.choice(MODELS).lower(),) if rng.random() < 0.2 else ()
+            d = Demand(per, count, models, rng.choice((0, 4000)) if cpu else 0)
+            assert p.evaluate(view, d) == reference_evaluate(p, view, d)
+
+
+def test_the_exact_scores_choose_the_nodes_the_float_scores_chose():
+    """Random clusters: the node frag picks is the node the float formula's scores pick."""
+    rng = random.Random(5)
+    for _ in range(40):
+        unit = rng.choice((80, 1000))
+        cpu = rng.random() < 0.5
+        p = FragPolicy()
+        for (per, count, models, c), n in random_table(rng, unit, cpu).items():
+            for _ in range(int(n)):
+                p.observe(Demand(per, count, models, c))
+        views = [(random_gpus(rng, unit), rng.choice((0, 8000, 64000)) if cpu else None, None) for _ in range(40)]
+        for _ in range(10):
+            d = Demand(rng.choice((unit // 10, unit // 2, unit)), rng.choice((1, 1, 2)), (), 2000 if cpu else 0)
+            exact = [None if (e := p.evaluate(v, d)) is None else e[0] for v in views]
+            assert first_best(exact) == first_best([float_score(p, v, d) for v in views])
+
+
+def first_best(scores: list[float | None]) -> int | None:
+    """The index of the highest score, the first on ties (as share-sim and the extender pick)."""
+    best = None
+    for i, s in enumerate(scores):
+        if s is not None and (best is None or s > scores[best]):
+            best = i
+    return best
+
+
+def float_score(policy: FragPolicy, view, demand: Demand) -> float | None:
+    """The node's score from the float formula, for the GPUs the exact path chose."""
+    ev = policy.evaluate(view, demand)
+    if ev is None:
+        return None
+    gpus, cpu_free, _ = view
+    chosen = ev[1]
+    after = list(gpus)
+    for i in chosen:
+        after[i] = (after[i][0], after[i][1] - demand.per_gpu)
+    cpu_after = None if cpu_free is None else cpu_free - demand.cpu
+    t = policy.table
+    delta = float_fragmentation(tuple(after), cpu_after, t) - float_fragmentation(gpus, cpu_free, t)
+    left = sum(gpus[i][1] for i in chosen) - demand.per_gpu * len(chosen)
+    node_left = sum(f for _, f in gpus) - demand.per_gpu * len(chosen)
+    cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
+    if chosen:
+        delta += policy.pressure * policy.model_pressure(gpus[chosen[0]][0]) * demand.per_gpu * len(chosen)
+    return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term))
+
+
+def test_whole_counts_only():
+    with pytest.raises(ValueError, match="whole numbers"):
+        WorkloadTable.from_counts({(500, 1, (), 0): 1.5})
+
+
+def test_the_pods_that_fill_a_node_share_its_cpu():
+    # Three 1-GPU pods ask 4 cores for every one that asks 18: on average 7.5 cores a pod.
+    t = WorkloadTable.from_counts({(1000, 1, (), 4000): 3.0, (1000, 1, (), 18000): 1.0})
+    g2 = tuple(("G2", 1000) for _ in range(8))
+    # 96 cores: the mix fills all 8 GPUs (60 cores). Class by class, the 18-core pods would fill only 5
+    # and strand 3 GPUs a quarter of the time (750 units): the rule that sent such pods to 128-core nodes.
+    assert fragmentation(g2, 96000, t, fill_weight=1.0) == 0.0
+    assert float_fragmentation(g2, 96000, t, fill_weight=1.0, per_class_cpu=True) == pytest.approx(750)
+    # 36 cores: the mix fills 36 / 7.5 = 4.8 GPUs, so 3.2 stay unused.
+    assert fragmentation(g2, 36000, t, fill_weight=1.0) == pytest.approx(3200)
