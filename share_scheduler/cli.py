@@ -47,9 +47,13 @@ def serve(a: argparse.Namespace) -> None:
         filter_keeps=a.filter_keeps,
         bind_events=a.bind_events,
     )
-    server = ExtenderServer(
-        app, app.extensions["gpushare"]["verbs"], a.bind_address, a.port, threads=a.threads, max_body=MAX_BODY
-    )
+    try:
+        server = ExtenderServer(
+            app, app.extensions["gpushare"]["verbs"], a.bind_address, a.port, threads=a.threads, max_body=MAX_BODY
+        )
+    except OSError as exc:
+        app.extensions["gpushare"]["syncer"].stop()
+        raise SystemExit(f"share-scheduler: cannot listen on {a.bind_address}:{a.port}: {exc}") from exc
     server.serve_forever()
     app.extensions["gpushare"]["syncer"].stop()
 

@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
 import yaml
 
 from share_scheduler.cli import build_parser, main
@@ -120,8 +121,8 @@ def _get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_server_serves(tmp_path):
-    """The real server process; no API server behind it, so healthy but never ready. SIGTERM ends it cleanly."""
+def _dead_kubeconfig(tmp_path):
+    """A kubeconfig naming an API server that is not there."""
     dead = _free_port()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -136,6 +137,22 @@ def test_server_serves(tmp_path):
             }
         )
     )
+    return kubeconfig
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["--bind-address", "127.0.0.1", "--port", str(port), "--kubeconfig", str(_dead_kubeconfig(tmp_path))]
+        with pytest.raises(SystemExit, match=f"cannot listen on 127.0.0.1:{port}"):
+            main(argv)
+
+
+def test_server_serves(tmp_path):
+    """The real server process; no API server behind it, so healthy but never ready. SIGTERM ends it cleanly."""
+    kubeconfig = _dead_kubeconfig(tmp_path)
     port = _free_port()
     cmd = [sys.executable, "-m", "share_scheduler.cli", "--bind-address", "127.0.0.1", "--port", str(port),
            "--kubeconfig", str(kubeconfig), "--threads", "2", "--log-level", "WARNING"]  # fmt: skip
