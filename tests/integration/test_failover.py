@@ -24,7 +24,7 @@ import yaml
 from share_core.accounting import node_usage
 from share_core.assignment import parse_assignment, pod_annotations, pod_node
 from share_core.gpus import node_gpus
-from share_core.kube import ApiServerClient
+from share_core.kube import ApiServerClient, KubeError
 from share_scheduler.config import scheduler_config
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_bare_nodes, gpu_pod
@@ -136,11 +136,28 @@ def test_standby_takes_over_mid_burst_without_double_booking(plane: ControlPlane
         done = threading.Event()
 
         def watch() -> None:
-            for event in admin.watch_pods(rv, field_selector=f"metadata.namespace={NAMESPACE}", timeout_seconds=300):
-                if pod_node(event.object):
-                    bound_at.setdefault(event.object["metadata"]["name"], time.monotonic())
-                if len(bound_at) >= PODS or done.is_set():
-                    return
+            """Records when each pod is first seen bound. The test's own watch must not be what fails:
+            if the stream ends or breaks, the pods are listed (bound ones recorded now) and watched again."""
+            since = rv
+            while len(bound_at) < PODS and not done.is_set():
+                try:
+                    for event in admin.watch_pods(
+                        since, field_selector=f"metadata.namespace={NAMESPACE}", timeout_seconds=300
+                    ):
+                        since = event.object.get("metadata", {}).get("resourceVersion") or since
+                        if pod_node(event.object):
+                            bound_at.setdefault(event.object["metadata"]["name"], time.monotonic())
+                        if len(bound_at) >= PODS or done.is_set():
+                            return
+                    log.warning("the test's pod watch ended after %d bound; listing and watching again", len(bound_at))
+                except KubeError as exc:
+                    log.warning("the test's pod watch broke after %d bound (%s); listing and watching again",
+                                len(bound_at), exc)  # fmt: skip
+                listing = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+                for pod in listing["items"]:
+                    if pod_node(pod):
+                        bound_at.setdefault(pod["metadata"]["name"], time.monotonic())
+                since = listing["metadata"]["resourceVersion"]
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -159,7 +176,12 @@ def test_standby_takes_over_mid_burst_without_double_booking(plane: ControlPlane
         killed_at = time.monotonic()
         before = len(bound_at)
         leader.kill()
-        wait_for(lambda: len(bound_at) >= PODS, 180, f"all {PODS} pods bound after the failover", interval=0.2)
+        try:
+            wait_for(lambda: len(bound_at) >= PODS, 180, f"all {PODS} pods bound after the failover", interval=0.2)
+        except TimeoutError as exc:
+            listed = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+            bound = sum(1 for p in listed if pod_node(p))
+            raise AssertionError(f"{exc}: the test's watch saw {len(bound_at)} bound, a list finds {bound}") from exc
         done.set()
         creator.join(10)
         assert before < PODS * 3 // 4, f"the leader died too late to test anything ({before} of {PODS} bound)"
