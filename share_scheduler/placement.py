@@ -67,6 +67,22 @@ class Demand:
         return _model_allowed(self.models, model)
 
 
+def _room_at_least(
+    frees: dict[tuple[str, ...], tuple[list[int], list[int]]], gpus: GpuView, models: tuple[str, ...], need: int
+) -> tuple[int, int]:
+    """(how many of the node's GPUs allowed to `models` have `need` free, their free capacity summed).
+
+    `frees` memoises, per model set, the allowed GPUs' free units sorted with their running sums, so
+    one node's keys sharing a model set sort once."""
+    fs = frees.get(models)
+    if fs is None:
+        vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
+        fs = frees[models] = (vals, [0, *accumulate(vals)])
+    vals, running = fs
+    i = bisect_left(vals, need)
+    return len(vals) - i, running[-1] - running[i]
+
+
 @lru_cache(maxsize=4096)
 def _model_allowed(models: tuple[str, ...], model: str) -> bool:
     lowered = model.lower()
@@ -579,15 +595,9 @@ class _Pricer:
             frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
             room_list, usable_list = [], []
             for k, q in self.keys_for(model):
-                models = keys[k][0]
-                fs = frees.get(models)
-                if fs is None:
-                    vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
-                    fs = frees[models] = (vals, [0, *accumulate(vals)])
-                vals, running = fs
-                i = bisect_left(vals, q)
-                room_list.append(len(vals) - i)
-                usable_list.append(running[-1] - running[i])
+                room, usable = _room_at_least(frees, gpus, keys[k][0], q)
+                room_list.append(room)
+                usable_list.append(usable)
             rooms, usables = tuple(room_list), tuple(usable_list)
         return (qs, *self.by_rooms(model, rooms), rooms, usables)
 
@@ -674,17 +684,8 @@ class _Pricer:
 
     def key_sums(self, gpus: GpuView) -> KeySums:
         """(GPUs with room, their free capacity) per multi-GPU key."""
-        out = []
         frees: dict[tuple[str, ...], tuple[list[int], list[int]]] = {}
-        for models, per in self.keys:
-            fs = frees.get(models)
-            if fs is None:
-                vals = sorted([f for m, f in gpus if not models or _model_allowed(models, m)])
-                fs = frees[models] = (vals, [0, *accumulate(vals)])
-            vals, running = fs
-            i = bisect_left(vals, per)
-            out.append((len(vals) - i, running[-1] - running[i]))
-        return tuple(out)
+        return tuple(_room_at_least(frees, gpus, models, per) for models, per in self.keys)
 
     def delta(self, sums: KeySums, changes: Sequence[tuple[str, int, int]]) -> int:
         """`fragmentation_units` after minus before, for GPUs changing (model, free, after)."""
