@@ -347,14 +347,8 @@ PPROF_SECONDS = 12
 
 def capture_pprof(cp: ControlPlane, scheduler_port: int, label: str) -> None:
     """Go CPU profiles taken during the burst (`go tool pprof -top FILE` reads them)."""
-    import ssl
-
     assert PPROF_DIR is not None
-    context = ssl.create_default_context(cafile=str(cp.ca_cert))
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # kube-scheduler's serving cert is self-signed
-    cert = cp._admin_cert  # type: ignore[attr-defined]
-    context.load_cert_chain(str(cert.cert), str(cert.key))
+    context = cp.admin_context(verify_server=False)  # kube-scheduler's serving cert is self-signed
     time.sleep(1.5)  # into the burst
     targets = {"apiserver": cp.server, "scheduler": f"https://127.0.0.1:{scheduler_port}"}
 

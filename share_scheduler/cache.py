@@ -202,7 +202,6 @@ class ClusterCache:
         self._seen_requests: set[str] = set()  # pods already reported to on_new_pod (uid or key)
         self._on_new_pod = on_new_pod
         self._synced = {"nodes": False, "pods": False}
-        self.generation = 0  # bumps on every change; cheap "did anything move" for callers
         # Views seen -> their ids, so nodes in equal states share one id. Bounded: when it is full it
         # starts afresh; ids are never reused, so older snapshots keep ids that still name their view.
         self._views: dict[NodeView, int] = {}
@@ -264,7 +263,6 @@ class ClusterCache:
             self._apply(want, +1)
             self._counted[key] = want
             self._by_node.setdefault(want.node, set()).add(key)
-        self.generation += 1
 
     def _expire(self) -> None:
         expired = list(self._assumed.expire())
@@ -328,7 +326,6 @@ class ClusterCache:
             return
         self._nodes[entry.name] = entry
         self._recount_node(entry.name)
-        self.generation += 1
 
     def upsert_node(self, node: Mapping[str, Any]) -> None:
         with self._lock:
@@ -337,7 +334,6 @@ class ClusterCache:
     def delete_node(self, name: str) -> None:
         with self._lock:
             if self._nodes.pop(name, None) is not None:
-                self.generation += 1
                 self._changed(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
@@ -349,7 +345,6 @@ class ClusterCache:
                 names.add(str((node.get("metadata") or {}).get("name") or ""))
             for name in set(self._nodes) - names:
                 del self._nodes[name]
-                self.generation += 1
                 self._changed(name)
             self._synced["nodes"] = True
             if self._synced["pods"]:

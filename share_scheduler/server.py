@@ -24,6 +24,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -35,8 +36,6 @@ log = logging.getLogger(__name__)
 Verb = Callable[[bytes], tuple[int, bytes]]
 KEEPALIVE_IDLE = 30.0  # seconds a kept-alive connection may sit idle (kube-scheduler's Go client keeps 2)
 READ_TIMEOUT = 60.0  # seconds to receive a whole request once it started
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
-           413: "Payload Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 
 
 class BadHttp(Exception):
@@ -270,11 +269,15 @@ def _request_line(line: bytes) -> tuple[str, str, str]:
 
 
 def _send(conn: socket.socket, status: int, payload: bytes, close: bool) -> None:
-    head = (
-        f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n"
-    )
-    conn.sendall(head.encode("latin-1") + payload)
+    """A JSON answer (the verbs' and our own errors)."""
+    _send_raw(conn, f"{status} {_reason(status)}", [("Content-Type", "application/json")], payload, close)
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
 
 
 def _send_raw(conn: socket.socket, status: str, headers: list[tuple[str, str]], payload: bytes, close: bool) -> None:

@@ -585,6 +585,17 @@ class ControlPlane:
             "healthy",
         )
 
+    def admin_context(self, verify_server: bool = True) -> ssl.SSLContext:
+        """TLS as the cluster admin: the test CA's client certificate; `verify_server=False` for
+        components whose serving certificate is self-signed (kube-scheduler's)."""
+        assert self._admin_cert is not None
+        context = ssl.create_default_context(cafile=str(self.ca_cert))
+        if not verify_server:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        context.load_cert_chain(str(self._admin_cert.cert), str(self._admin_cert.key))
+        return context
+
     def _start_apiserver(self, timeout: float) -> None:
         assert self._kubelet_client_cert is not None
         self._apiserver = ManagedProcess(
@@ -634,9 +645,7 @@ class ControlPlane:
             ],
             self.log_dir / "kube-apiserver.log",
         )
-        context = ssl.create_default_context(cafile=str(self.ca_cert))
-        assert self._admin_cert is not None
-        context.load_cert_chain(str(self._admin_cert.cert), str(self._admin_cert.key))
+        context = self.admin_context()
         wait_until(
             self._apiserver,
             lambda: _http_get(f"{self.server}/readyz", context)[0] == 200,
