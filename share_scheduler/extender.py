@@ -459,13 +459,10 @@ class BestNodeIndex:
         if ranking is None or afresh or len(changed) > len(ranking.current) // 2:
             if not afresh:
                 cursor, changed, afresh = self.cache.node_changes(None)
-            ranking = _Ranking(table, cursor)
-            self._score_into(ranking, demand, changed)
-            heapq.heapify(ranking.heap)
-            self.rebuilds += 1
+            ranking = self._rebuilt(demand, table, cursor, changed)
         else:
             ranking.cursor = cursor
-            self._score_into(ranking, demand, changed, push=True)
+            self._score_into(ranking, demand, changed)
             if len(ranking.heap) > 2 * len(ranking.current) + 1024:
                 live = {e for e in ranking.heap if ranking.current.get(e[1]) == e[2]}
                 ranking.heap = list(live)
@@ -476,9 +473,34 @@ class BestNodeIndex:
             self._rankings.popitem(last=False)
         return ranking
 
-    def _score_into(
-        self, ranking: _Ranking, demand: Demand, entries: list[tuple[str, NodeSnapshot | None]], push: bool = False
-    ) -> None:
+    def _rebuilt(
+        self, demand: Demand, table: dict[int, float], cursor: int, entries: list[tuple[str, NodeSnapshot | None]]
+    ) -> _Ranking:
+        """Every node's ranking afresh: each distinct node state scored once, the rest in C.
+
+        A learning policy's workload table moves every few pods while it is young (frag: each 2%
+        more pods seen), and each move rescores the whole cluster on kube-scheduler's serial cycle;
+        most nodes share a few states (empty, full), so a per-state pass and comprehensions over the
+        nodes cost ~3x less than a per-node loop at 5,000 nodes."""
+        ranking = _Ranking(table, cursor)
+        ranking.current = current = {name: snap.view_id for name, snap in entries if snap is not None}
+        states = {snap.view_id: snap for _, snap in entries if snap is not None}
+        stored = 0
+        guard = self.policy_lock
+        for view_id, snap in states.items():
+            if view_id not in table:
+                table[view_id] = _score(self.policy, demand, snap, guard)
+                stored += 1
+        if stored:
+            self.memo.added(stored)
+        ranking.heap = [
+            (-score, name, view_id) for name, view_id in current.items() if (score := table[view_id]) != NEG_INF
+        ]
+        heapq.heapify(ranking.heap)
+        self.rebuilds += 1
+        return ranking
+
+    def _score_into(self, ranking: _Ranking, demand: Demand, entries: list[tuple[str, NodeSnapshot | None]]) -> None:
         table, current, heap = ranking.table, ranking.current, ranking.heap
         guard = self.policy_lock
         stored = 0
@@ -494,10 +516,7 @@ class BestNodeIndex:
                 stored += 1
             if score == NEG_INF:
                 continue  # fits nowhere: no entry, and older entries of this node are stale
-            if push:
-                heapq.heappush(heap, (-score, name, view_id))
-            else:
-                heap.append((-score, name, view_id))
+            heapq.heappush(heap, (-score, name, view_id))
         if stored:
             self.memo.added(stored)
 
