@@ -16,8 +16,9 @@ from __future__ import annotations
 import heapq
 import math
 import threading
+from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -393,16 +394,89 @@ def best_nodes(scores: Mapping[str, float], random_ties: bool = False) -> list[s
     return [min(name for name, score in scores.items() if score == top)]
 
 
-class _Ranking:
-    """One demand's scores over every node, as a heap ordered as best_nodes decides."""
+class _StateGroups:
+    """The cluster's nodes grouped by state (view id), each group's names sorted; one per index.
 
-    __slots__ = ("current", "cursor", "heap", "table")
+    Scores are a function of the state, and most nodes share a few states (empty, full), so every
+    demand's ranking orders groups, not nodes: a learned workload that moves (frag's table, every
+    few pods while it is young) then rescores and re-heaps the distinct states, not the cluster.
+    Kept current from the cache's change log (ClusterCache.node_changes); `log` records the groups
+    whose membership changed, for the rankings to catch up from."""
 
-    def __init__(self, table: dict[int, float], cursor: int) -> None:
-        self.heap: list[tuple[float, str, int]] = []  # (-score, name, view id); stale entries stay until seen
-        self.current: dict[str, int] = {}  # node -> its view id now: a heap entry for another id is stale
+    LOG_LIMIT = 100_000
+
+    def __init__(self) -> None:
+        self.members: dict[int, list[str]] = {}  # view id -> node names in that state, sorted
+        self.sample: dict[int, NodeSnapshot] = {}  # view id -> one snapshot in that state (to score it)
+        self.state_of: dict[str, int] = {}  # node -> its view id
+        self.cursor: int | None = None  # position in the cache's change log
+        self.epoch = 0  # bumped when the groups are rebuilt from a full read: rankings start afresh
+        self.log: list[int] = []  # view ids whose members changed; log[0] is change number log_base
+        self.log_base = 0
+
+    def catch_up(self, cache: ClusterCache) -> None:
+        cursor, changed, afresh = cache.node_changes(self.cursor)
         self.cursor = cursor
+        if afresh:
+            self.members, self.sample, self.state_of = {}, {}, {}
+            self.epoch += 1
+            self.log_base += len(self.log)
+            self.log = []
+            for name, snap in changed:
+                if snap is not None:
+                    self.state_of[name] = snap.view_id
+                    self.sample[snap.view_id] = snap
+            for name, view_id in sorted(self.state_of.items()):
+                self.members.setdefault(view_id, []).append(name)
+            return
+        members, log = self.members, self.log
+        for name, snap in changed:
+            old = self.state_of.get(name)
+            new = None if snap is None else snap.view_id
+            if old == new:
+                continue
+            if old is not None:
+                group = members[old]
+                del group[bisect_left(group, name)]
+                if not group:
+                    del members[old]
+                    del self.sample[old]
+                log.append(old)
+            if snap is None:
+                del self.state_of[name]
+                continue
+            self.state_of[name] = new  # type: ignore[assignment]
+            group = members.get(new)  # type: ignore[arg-type]
+            if group is None:
+                members[new] = [name]  # type: ignore[index]
+                self.sample[new] = snap  # type: ignore[index]
+            else:
+                insort(group, name)
+            log.append(new)  # type: ignore[arg-type]
+        if len(log) > self.LOG_LIMIT:
+            drop = len(log) // 2
+            del log[:drop]
+            self.log_base += drop
+
+    @property
+    def log_end(self) -> int:
+        return self.log_base + len(self.log)
+
+
+class _Ranking:
+    """One demand's states, best first: a heap of (-score, the state's lowest node name, view id).
+
+    An entry is current while its state still has nodes and that name is still the lowest among
+    them; others are garbage, dropped when they reach the top. The first current entry is then
+    best_nodes' choice: highest score, lowest name among the nodes with it."""
+
+    __slots__ = ("cursor", "epoch", "heap", "table")
+
+    def __init__(self, table: dict[int, float], epoch: int, cursor: int) -> None:
+        self.heap: list[tuple[float, str, int]] = []
         self.table = table  # the memo's table the scores came from (a learning policy swaps it)
+        self.epoch = epoch
+        self.cursor = cursor  # position in the groups' log
 
 
 class BestNodeIndex:
@@ -410,12 +484,12 @@ class BestNodeIndex:
 
     Scoring every node a request names is linear in the cluster (1 ms at 1,000 nodes, 5 at 5,000, in
     Python), on kube-scheduler's serial cycle. Between two pods only the nodes a hold, a bind or the
-    watch touched change, so this keeps each demand's node scores in a heap (highest score, then
-    lowest name: best_nodes' order) and, per request, rescoring only the nodes the cache logged as
-    changed (ClusterCache.node_changes). The answer is best_nodes(policy_scores(...)) exactly; it
-    falls back to that when the request names a small part of the cluster (a heap walk past many
-    nodes kube-scheduler filtered out would cost more). Only for memoisable policies (the scores are
-    the ScoreMemo's) whose ties are not kube-scheduler's to break."""
+    watch touched change, so this keeps the nodes grouped by state (_StateGroups) and, per demand,
+    the states in a heap ordered as best_nodes decides (_Ranking), catching up per request on the
+    states the cache logged as changed (ClusterCache.node_changes). The answer is
+    best_nodes(policy_scores(...)) exactly; it falls back to that when the request names a small part
+    of the cluster (a walk past many nodes kube-scheduler filtered out would cost more). Only for
+    memoisable policies (the scores are the ScoreMemo's) whose ties are not kube-scheduler's to break."""
 
     DEMANDS = 64  # rankings kept (distinct request shapes seen lately)
     SMALL_REQUEST = 8  # a request naming under 1/8 of the nodes is scored directly
@@ -425,6 +499,7 @@ class BestNodeIndex:
         self.cache = cache
         self.memo = memo
         self.policy_lock = lock
+        self._groups = _StateGroups()
         self._rankings: OrderedDict[Demand, _Ranking] = OrderedDict()
         self._lock = threading.Lock()
         self.rebuilds = 0
@@ -441,6 +516,7 @@ class BestNodeIndex:
             table = self.memo.table(demand)
             if table is None:
                 return self._direct(demand, names)
+            self._groups.catch_up(self.cache)
             ranking = self._ranking(demand, table)
             found = self._first_in(ranking, names)
         if found is _WALKED_TOO_FAR:
@@ -452,19 +528,26 @@ class BestNodeIndex:
         return best_nodes(policy_scores(self.policy, demand, entries, self.memo, self.policy_lock))
 
     def _ranking(self, demand: Demand, table: dict[int, float]) -> _Ranking:
+        groups = self._groups
         ranking = self._rankings.get(demand)
-        if ranking is not None and ranking.table is not table:
-            ranking = None  # the learned workload changed: every score may have
-        cursor, changed, afresh = self.cache.node_changes(None if ranking is None else ranking.cursor)
-        if ranking is None or afresh or len(changed) > len(ranking.current) // 2:
-            if not afresh:
-                cursor, changed, afresh = self.cache.node_changes(None)
-            ranking = self._rebuilt(demand, table, cursor, changed)
+        if (
+            ranking is None
+            or ranking.table is not table  # the learned workload changed: every score may have
+            or ranking.epoch != groups.epoch
+            or ranking.cursor < groups.log_base
+            or groups.log_end - ranking.cursor > len(groups.members)
+        ):
+            ranking = _Ranking(table, groups.epoch, groups.log_end)
+            ranking.heap = self._entries(demand, table, groups.members)
+            heapq.heapify(ranking.heap)
+            self.rebuilds += 1
         else:
-            ranking.cursor = cursor
-            self._score_into(ranking, demand, changed)
-            if len(ranking.heap) > 2 * len(ranking.current) + 1024:
-                live = {e for e in ranking.heap if ranking.current.get(e[1]) == e[2]}
+            changed = dict.fromkeys(groups.log[ranking.cursor - groups.log_base :])
+            ranking.cursor = groups.log_end
+            for entry in self._entries(demand, table, changed):
+                heapq.heappush(ranking.heap, entry)
+            if len(ranking.heap) > 2 * len(groups.members) + 1024:
+                live = {e for e in ranking.heap if self._current(e)}
                 ranking.heap = list(live)
                 heapq.heapify(ranking.heap)
         self._rankings[demand] = ranking
@@ -473,77 +556,73 @@ class BestNodeIndex:
             self._rankings.popitem(last=False)
         return ranking
 
-    def _rebuilt(
-        self, demand: Demand, table: dict[int, float], cursor: int, entries: list[tuple[str, NodeSnapshot | None]]
-    ) -> _Ranking:
-        """Every node's ranking afresh: each distinct node state scored once, the rest in C.
-
-        A learning policy's workload table moves every few pods while it is young (frag: each 2%
-        more pods seen), and each move rescores the whole cluster on kube-scheduler's serial cycle;
-        most nodes share a few states (empty, full), so a per-state pass and comprehensions over the
-        nodes cost ~3x less than a per-node loop at 5,000 nodes."""
-        ranking = _Ranking(table, cursor)
-        ranking.current = current = {name: snap.view_id for name, snap in entries if snap is not None}
-        states = {snap.view_id: snap for _, snap in entries if snap is not None}
+    def _entries(
+        self, demand: Demand, table: dict[int, float], view_ids: Iterable[int]
+    ) -> list[tuple[float, str, int]]:
+        """Heap entries for these states (those still with nodes), scoring the ones not memoised yet."""
+        members, sample, guard = self._groups.members, self._groups.sample, self.policy_lock
+        out = []
         stored = 0
-        guard = self.policy_lock
-        for view_id, snap in states.items():
-            if view_id not in table:
-                table[view_id] = _score(self.policy, demand, snap, guard)
-                stored += 1
-        if stored:
-            self.memo.added(stored)
-        ranking.heap = [
-            (-score, name, view_id) for name, view_id in current.items() if (score := table[view_id]) != NEG_INF
-        ]
-        heapq.heapify(ranking.heap)
-        self.rebuilds += 1
-        return ranking
-
-    def _score_into(self, ranking: _Ranking, demand: Demand, entries: list[tuple[str, NodeSnapshot | None]]) -> None:
-        table, current, heap = ranking.table, ranking.current, ranking.heap
-        guard = self.policy_lock
-        stored = 0
-        for name, snap in entries:
-            if snap is None:
-                current.pop(name, None)
+        for view_id in view_ids:
+            group = members.get(view_id)
+            if not group:
                 continue
-            view_id = snap.view_id
-            current[name] = view_id
             score = table.get(view_id)
             if score is None:
-                score = table[view_id] = _score(self.policy, demand, snap, guard)
+                score = table[view_id] = _score(self.policy, demand, sample[view_id], guard)
                 stored += 1
-            if score == NEG_INF:
-                continue  # fits nowhere: no entry, and older entries of this node are stale
-            heapq.heappush(heap, (-score, name, view_id))
+            if score != NEG_INF:  # fits nowhere: no entry
+                out.append((-score, group[0], view_id))
         if stored:
             self.memo.added(stored)
+        return out
 
-    @staticmethod
-    def _first_in(ranking: _Ranking, names: Sequence[str]) -> object:
-        """The best valid entry's node among `names`; None if none; _WALKED_TOO_FAR past len(names) steps."""
-        heap, current = ranking.heap, ranking.current
-        while heap and current.get(heap[0][1]) != heap[0][2]:
-            heapq.heappop(heap)  # stale at the top: garbage
+    def _current(self, entry: tuple[float, str, int]) -> bool:
+        group = self._groups.members.get(entry[2])
+        return group is not None and group[0] == entry[1]
+
+    def _first_in(self, ranking: _Ranking, names: Sequence[str]) -> object:
+        """best_nodes' choice among `names`; None if none fits; _WALKED_TOO_FAR past len(names) steps."""
+        heap = ranking.heap
+        while heap and not self._current(heap[0]):
+            heapq.heappop(heap)  # garbage at the top
         if not heap:
             return None
         if heap[0][1] in names:  # nearly always: kube-scheduler passes every node that fits
             return heap[0][1]  # (a scan in C; hashing every name into a set costs more at 5,000)
-        wanted, limit = set(names), len(names)
-        frontier = [(heap[0], 0)]  # walk the heap in order without taking valid entries out
+        # Walk the states in heap order without taking entries out, one score at a time: the answer
+        # is the lowest wanted name among the states with the best score that has any.
+        members, wanted, limit = self._groups.members, set(names), len(names)
+        frontier = [(heap[0], 0)]
+        seen: set[int] = set()
         steps = 0
+        level: float | None = None
+        found: str | None = None
         while frontier:
-            (_, name, view_id), i = heapq.heappop(frontier)
-            if current.get(name) == view_id and name in wanted:
-                return name
-            steps += 1
-            if steps > limit:
-                return _WALKED_TOO_FAR
+            (neg, lowest, view_id), i = frontier[0]
+            if level is not None and neg != level:
+                if found is not None:
+                    return found
+                level = None
+            heapq.heappop(frontier)
             for child in (2 * i + 1, 2 * i + 2):
                 if child < len(heap):
                     heapq.heappush(frontier, (heap[child], child))
-        return None
+            group = members.get(view_id)
+            if group is None or group[0] != lowest or view_id in seen:
+                continue  # garbage, or a second entry of a state already walked
+            seen.add(view_id)
+            level = neg
+            for name in group:
+                steps += 1
+                if steps > limit:
+                    return _WALKED_TOO_FAR
+                if found is not None and name >= found:
+                    break
+                if name in wanted:
+                    found = name
+                    break
+        return found
 
 
 _WALKED_TOO_FAR = object()
