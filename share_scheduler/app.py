@@ -38,7 +38,7 @@ from share_scheduler.extender import (
     filter_nodes,
     filter_result,
     invalid_request_message,
-    parse_extender_args,
+    parse_extender_request,
     pod_demand,
     policy_scores,
     prioritize,
@@ -232,7 +232,7 @@ def create_app(
 
     def do_filter(raw: bytes) -> tuple[int, Any]:
         try:
-            args = parse_extender_args(read_body(raw))
+            args = parse_extender_request(raw)
         except BadRequest as exc:
             return 400, filter_error(str(exc))
         try:
@@ -263,7 +263,7 @@ def create_app(
 
     def do_prioritize(raw: bytes) -> tuple[int, Any]:
         try:
-            args = parse_extender_args(read_body(raw))
+            args = parse_extender_request(raw)
             wanted = pod_demand(args.pod)
         except BadRequest as exc:
             return 400, {"Error": str(exc)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import orjson
 import pytest
 
 from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID, RESOURCE_MEM
@@ -326,3 +327,59 @@ def test_resource_name_in_messages(cluster):
     pod["spec"]["containers"][0]["resources"] = {"requests": {RESOURCE_MEM: "2"}}
     status, body = cluster.post("filter", filter_args(pod, ["node-a"]))
     assert "set in requests but not in limits" in body["Error"]
+
+
+# kube-scheduler's bytes exactly: Go's encoding/json writes no spaces, and NodeNames last.
+GO_FILTER = orjson.dumps(json.loads(KUBE_SCHEDULER_FILTER))
+
+
+def test_go_layout_takes_the_short_path_and_answers_the_same(cluster):
+    from share_scheduler.extender import NodeNameList, parse_extender_request
+
+    assert isinstance(parse_extender_request(GO_FILTER).node_names, NodeNameList)
+    assert not isinstance(parse_extender_request(KUBE_SCHEDULER_FILTER.encode()).node_names, NodeNameList)
+    for spaced in (KUBE_SCHEDULER_FILTER, KUBE_SCHEDULER_FILTER.replace('"node-a", ', "")):
+        compact = orjson.dumps(json.loads(spaced))
+        for verb in ("filter", "prioritize"):
+            a = cluster.client.post(f"{PREFIX}/{verb}", data=spaced, content_type="application/json")
+            b = cluster.client.post(f"{PREFIX}/{verb}", data=compact, content_type="application/json")
+            assert (a.status_code, a.get_json()) == (b.status_code, b.get_json()), verb
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"Pod":3,"Nodes":null,"NodeNames":["node-a"]}',
+        b'{"Nodes":null,"NodeNames":["node-a"]}',
+        b'{"Pod":{"metadata":[]},"Nodes":null,"NodeNames":[]}',
+        b'{"Pod":{},"Nodes":null,"NodeNames":["node-a""node-b"]}',
+        b'{"Pod":{},"Nodes":null,"NodeNames":["node-a",1]}',
+        b'{"Pod":{},"Nodes":null,"NodeNames":[node-a]}',
+        b'{"Pod":{"metadata":,"Nodes":null,"NodeNames":["node-a"]}',
+    ],
+)
+def test_malformed_go_layout_is_still_refused(cluster, raw):
+    resp = cluster.client.post(f"{PREFIX}/filter", data=raw, content_type="application/json")
+    assert resp.status_code == 400, (raw, resp.data)
+    assert resp.get_json()["Error"]
+
+
+def test_node_name_list_answers_as_the_decoded_list():
+    """The short path's names, searched as bytes, answer as the decoded list does: prefixes of other
+    names, names that are not node names, and a pod whose annotation spells the NodeNames key."""
+    import random
+
+    from share_scheduler.extender import NodeNameList, parse_extender_request
+
+    rng = random.Random(3)
+    tricky = ["", "node-1", "node-10", "Node-1", 'node-1","node-2', "node-", "ノード", "node-1 ", ".", "-"]
+    for _ in range(200):
+        names = rng.sample([f"node-{i}" for i in range(40)] + ["a.b-c", "x", "gpu-0.zone-a"], rng.randrange(0, 12))
+        pod = {"metadata": {"name": "p", "annotations": {"note": '","NodeNames":["node-39"]}'}}}
+        raw = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
+        args = parse_extender_request(raw)
+        assert isinstance(args.node_names, NodeNameList)
+        assert args.pod == pod
+        assert len(args.names) == len(names) and list(args.names) == names
+        for query in tricky + [f"node-{i}" for i in range(45)]:
+            assert (query in args.names) == (query in names), (query, names)
