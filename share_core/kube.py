@@ -384,9 +384,13 @@ class ApiServerClient:
         buf = b""
         try:
             for chunk in resp.stream(65536, decode_content=True):
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                if b"\n" not in chunk:
+                    buf += chunk
+                    continue
+                # One split per chunk: a burst brings dozens of events per read, and splitting off one
+                # line at a time would copy the rest of the chunk again for each.
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
                     if not line.strip():
                         continue
                     ev = orjson.loads(line)
