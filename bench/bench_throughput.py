@@ -16,11 +16,22 @@ cores, so absolute numbers move with the machine, ratios far less.
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
+  python bench/bench_throughput.py --pace 20 --pods 400 --policies binpack --qps 1000 --rounds 3 \
+      --go-extender /work/goorig/bin/gpushare-sche-extender   # side by side with the Go original
+
+--go-extender runs the Go original (AliyunContainerService/gpushare-scheduler-extender, built outside
+this repository; the bench never builds or fetches it) as one more scenario, in the paced mode and in
+--ready. It reads aliyun.com/gpu-mem and aliyun.com/gpu-count on nodes and pods and its own ALIYUN_COM_*
+annotations, so the nodes carry both its capacity and ours, its scenario's pods ask for aliyun.com/gpu-mem,
+and its kube-scheduler gets our configuration with only managedResources changed (same flags, same
+profile; its routes are /gpushare-scheduler/filter and /bind, as ours). It exposes no latency metrics:
+its bind latency is create-to-bound as the watch sees it (the p50/p99 columns, as for every scenario).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -42,8 +53,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from share_core.assignment import Assignment  # noqa: E402
+from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, create_node, gpu_pod, gpus_annotation  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 
@@ -51,6 +63,16 @@ NAMESPACE = "bench"
 EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
 ALONE = "bench-alone"
 SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
+
+# The Go original's names (its pkg/utils/const.go), used only by the --go-extender scenario.
+GO_RESOURCE_MEM = "aliyun.com/gpu-mem"
+GO_RESOURCE_COUNT = "aliyun.com/gpu-count"
+GO_ANN_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
+GO_ANN_POD = "ALIYUN_COM_GPU_MEM_POD"
+GO_ANN_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+GO_ANN_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+GO_ANN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+GO = "go"  # Scenario.policy of the Go original
 
 
 # --------------------------------------------------------------------------- processes' CPU time
@@ -93,17 +115,55 @@ def cpu_seconds(pid: int, descendants: bool = True) -> float:
 # --------------------------------------------------------------------------- cluster objects
 
 
-def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int) -> list[str]:
+def go_node_resources(gpus: int, mem: int) -> dict[str, str]:
+    """The Go original's node capacity: total GPU memory and GPU count (its GetTotalGPUMemory and
+    GetGPUCountInNode read them from status.capacity), in the same unit as ours (GiB)."""
+    return {GO_RESOURCE_MEM: str(gpus * mem), GO_RESOURCE_COUNT: str(gpus)}
+
+
+def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int, go: bool = False) -> list[str]:
+    """`go`: each node also carries the Go original's capacity, so one cluster serves both extenders."""
     names = [f"node-{i:05d}" for i in range(count)]
-    create_bare_nodes(admin, names, gpus, mem)
+    if not go:
+        create_bare_nodes(admin, names, gpus, mem)
+        return names
+
+    def make(name: str) -> None:
+        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem),
+               **go_node_resources(gpus, mem)}  # fmt: skip
+        create_node(admin, name, res, {"gpushare": "true"}, {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)})
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, names))
     return names
 
 
-def pod_body(name: str, scheduler: str, mem: int, node: str | None = None, gpu: int = 0) -> dict[str, Any]:
+def go_assignment_annotations(gpu: int, mem: int, per_gpu: int) -> dict[str, str]:
+    """What the Go original writes on a pod it bound (utils.GetUpdatedPodAnnotationSpec), assigned."""
+    return {GO_ANN_INDEX: str(gpu), GO_ANN_POD: str(mem), GO_ANN_DEV: str(per_gpu), GO_ANN_ASSIGNED: "true",
+            GO_ANN_ASSUME_TIME: str(time.time_ns())}  # fmt: skip
+
+
+def pod_body(
+    name: str,
+    scheduler: str,
+    mem: int,
+    node: str | None = None,
+    gpu: int = 0,
+    resources: tuple[str, ...] = (RESOURCE_MEM,),
+    per_gpu: int = 0,
+) -> dict[str, Any]:
+    """`resources`: the GPU-memory resource names the pod asks `mem` of (ours, the Go original's, or
+    both for a running pod both extenders must count); a bound pod gets each one's annotations."""
     pod = gpu_pod(NAMESPACE, name, scheduler, mem)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {r: str(mem) for r in resources}
     if node is not None:  # already bound, with its GPU recorded (a cluster that is running)
         pod["spec"]["nodeName"] = node
-        ann = Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+        ann: dict[str, str] = {}
+        if RESOURCE_MEM in resources:
+            ann |= Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+        if GO_RESOURCE_MEM in resources:
+            ann |= go_assignment_annotations(gpu, mem, per_gpu)
         pod["metadata"]["annotations"] = ann
     return pod
 
@@ -136,10 +196,16 @@ class Scenario:
     src: Path = ROOT  # the checkout whose extender runs
     filter_keeps: str | None = "best"  # None: a checkout without --filter-keeps
     bind_events: str | None = None  # --bind-events, where the checkout has it
+    binary: Path | None = None  # policy GO: the Go original's binary
 
     @property
     def scheduler_name(self) -> str:
         return ALONE if self.policy is None else "gpushare-scheduler"
+
+    @property
+    def resource(self) -> str:
+        """The GPU-memory resource this scenario's pods ask for."""
+        return GO_RESOURCE_MEM if self.policy == GO else RESOURCE_MEM
 
 
 def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict[str, Any]:
@@ -152,7 +218,24 @@ def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict
     return yaml.safe_load(out)
 
 
+def go_extender_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Our KubeSchedulerConfiguration turned to the Go original: the same flags and profile, its
+    resource as the managed one, and only the verbs it serves (filter, bind: pkg/routes/routes.go)."""
+    out = dict(config)
+    extenders = []
+    for ext in config["extenders"]:
+        ext = {k: v for k, v in ext.items() if k not in ("prioritizeVerb", "weight", "preemptVerb")}
+        ext["managedResources"] = [{"name": GO_RESOURCE_MEM, "ignoredByScheduler": False}]
+        if ext.get("filterVerb") != "filter" or ext.get("bindVerb") != "bind":
+            raise ValueError(f"the Go original serves filter and bind only, not {ext}")
+        extenders.append(ext)
+    out["extenders"] = extenders
+    return out
+
+
 def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
+    if sc.policy == GO:  # our configuration as the Go original's chart would have it: same flags
+        return go_extender_config(scheduler_config(Scenario(sc.label, sc.qps, "binpack"), extender_url))
     config = print_config(sc.src, extender_url, sc.filter_keeps)
     if sc.policy is None:
         # The same configuration, without the extender: same profile shape, same percentage.
@@ -162,7 +245,22 @@ def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
     return config
 
 
+def start_go_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
+    """The Go original, configured as its cmd/main.go reads it: PORT and KUBECONFIG from the
+    environment, its default log level; ready once /version answers (it serves after its node
+    informer has synced and it has built its cache from the pod lister)."""
+    assert sc.binary is not None
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "PORT": str(port), "KUBECONFIG": str(cp.admin_kubeconfig)}
+    proc = ManagedProcess("go-extender", [sc.binary], workdir / f"extender-{sc.label}.log", env=env, cwd=workdir)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/version", proc, 300)
+    return proc, url
+
+
 def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
+    if sc.policy == GO:
+        return start_go_extender(sc, cp, workdir)
     port = free_port()
     # BENCH_EXTENDER_MAIN: a script to run instead of the module (e.g. a profiler wrapping share_scheduler.cli.main)
     wrapper = os.environ.get("BENCH_EXTENDER_MAIN")
@@ -380,7 +478,8 @@ def run_scenario(
 
     def create(i: int) -> str:
         name = f"p{i:06d}"
-        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
+        body = pod_body(name, sc.scheduler_name, sizes[i], resources=(sc.resource,))
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
         return name
 
     profiler = None
@@ -393,7 +492,7 @@ def run_scenario(
         raise TimeoutError(f"{sc.label}: {exc}") from exc
     if profiler is not None:
         profiler.join()
-    metrics = extender_metrics(url) if extender is not None else ""
+    metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
     cp.stop_scheduler()
     if extender is not None:
         extender.stop()
@@ -410,20 +509,26 @@ def run_scenario(
 # --------------------------------------------------------------------------- time to ready
 
 
-def create_running(admin: ApiServerClient, nodes: list[str], running: int, gpus: int) -> None:
-    """`running` pods already bound with their GPU recorded: the cluster an extender starts into."""
+def create_running(
+    admin: ApiServerClient, nodes: list[str], running: int, gpus: int, go: bool = False, per_gpu: int = 0
+) -> int:
+    """`running` pods already bound with their GPU recorded: the cluster an extender starts into.
+    `go`: each pod also asks the Go original's resource and carries its annotations, so both
+    extenders start into the same 40,000 pods. Returns the GPU memory they hold in all."""
     rng = random.Random(3)
     sizes = [rng.choice(SIZES) for _ in range(running)]
+    resources = (RESOURCE_MEM, GO_RESOURCE_MEM) if go else (RESOURCE_MEM,)
     t = time.monotonic()
 
     def make(i: int) -> None:
         node = nodes[i % len(nodes)]
-        body = pod_body(f"r{i:06d}", "gpushare-scheduler", sizes[i], node, (i // len(nodes)) % gpus)
+        body = pod_body(f"r{i:06d}", "gpushare-scheduler", sizes[i], node, (i // len(nodes)) % gpus, resources, per_gpu)
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(make, range(running)))
     print(f"# created {running} bound pods in {time.monotonic() - t:.0f} s", file=sys.stderr)
+    return sum(sizes)
 
 
 def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list[float]:
@@ -438,6 +543,37 @@ def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list
         proc.stop()
         listed = [line for line in proc.log_path.read_text().splitlines() if "listed" in line]
         print(f"# {src} run {i}: {out[-1]:.2f} s; " + " | ".join(x.split(": ", 1)[-1] for x in listed), file=sys.stderr)
+    return out
+
+
+def go_inspect_used(url: str) -> int:
+    """GPU memory the Go original's cache holds across all nodes (its /gpushare-scheduler/inspect)."""
+    with urllib.request.urlopen(url + "/gpushare-scheduler/inspect", timeout=60) as resp:
+        nodes = json.loads(resp.read()).get("nodes") or []
+    return sum(int(n.get("usedGPU", 0)) for n in nodes)
+
+
+def go_time_to_ready(cp: ControlPlane, workdir: Path, binary: Path, runs: int, expected_used: int) -> list[float]:
+    """Seconds from starting the Go original to /version answering 200. It does not wait for its pod
+    informer before serving (pkg/gpushare/controller.go waits for nodes only), so the time until its
+    cache holds every running pod's memory (read off /inspect, polled each second) is printed too."""
+    out = []
+    for i in range(runs):
+        sc = Scenario(f"ready-go-{i}", 0, GO, binary=binary)
+        start = time.monotonic()
+        proc, url = start_go_extender(sc, cp, workdir)
+        out.append(time.monotonic() - start)
+        used, full = -1, float("nan")
+        deadline = start + 600
+        while time.monotonic() < deadline:
+            used = go_inspect_used(url)
+            if used >= expected_used:
+                full = time.monotonic() - start
+                break
+            time.sleep(1.0)
+        proc.stop()
+        print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held {used}/{expected_used} GiB "
+              f"after {full:.1f} s", file=sys.stderr)  # fmt: skip
     return out
 
 
@@ -509,7 +645,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
     ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
+    ap.add_argument("--go-extender", type=Path, help="also run the Go original, built outside this repository "
+                    "(paced mode and --ready); the bench never builds or fetches it")  # fmt: skip
     args = ap.parse_args()
+    if args.go_extender is not None and not (args.go_extender.is_file() and os.access(args.go_extender, os.X_OK)):
+        ap.error(f"--go-extender {args.go_extender}: not an executable file")
+    if args.go_extender is not None and not (args.ready or args.pace):
+        ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:
         global PPROF_DIR
         args.pprof.mkdir(parents=True, exist_ok=True)
@@ -524,11 +666,12 @@ def main() -> int:
             admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
             admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
             t = time.monotonic()
-            nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem)
+            go = args.go_extender is not None
+            nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem, go)
             print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB in {time.monotonic() - t:.0f} s; "
                   f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
             if args.ready:
-                create_running(admin, nodes, args.running, args.gpus)
+                used = create_running(admin, nodes, args.running, args.gpus, go, args.gpu_mem)
                 for size in (500, 1000, 5000):  # the floor: what reading the list alone costs this client
                     t = time.monotonic()
                     pages = admin.pod_pages(page_size=size)
@@ -541,6 +684,10 @@ def main() -> int:
                     times = time_to_ready(cp, workdir, src, args.runs)
                     print(f"time to ready ({src}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
+                if go:
+                    times = go_time_to_ready(cp, workdir, args.go_extender, args.runs, used)
+                    print(f"time to ready (Go original {args.go_extender}): " + ", ".join(f"{x:.2f} s" for x in times)
+                          + f"; median {statistics.median(times):.2f} s")  # fmt: skip
                 return 0
             scenarios = []
             for qps in qps_values:
@@ -551,6 +698,8 @@ def main() -> int:
                         scenarios.append(Scenario(label, qps, policy, ROOT, args.filter_keeps, events))
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
+                if go:
+                    scenarios.append(Scenario("go original", qps, GO, binary=args.go_extender))
             results = []
             for round_ in range(args.rounds):
                 alone: dict[int, float] = {}
