@@ -645,12 +645,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
     ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
-    ap.add_argument("--go-extender", type=Path, help="also run the Go original, built outside this repository "
-                    "(paced mode and --ready); the bench never builds or fetches it")  # fmt: skip
+    ap.add_argument("--go-extender", type=Path, action="append", default=[],
+                    help="also run the Go original, built outside this repository (paced mode and --ready; "
+                    "repeat it for several builds, each a scenario named after its file); the bench never "
+                    "builds or fetches it")  # fmt: skip
     args = ap.parse_args()
-    if args.go_extender is not None and not (args.go_extender.is_file() and os.access(args.go_extender, os.X_OK)):
-        ap.error(f"--go-extender {args.go_extender}: not an executable file")
-    if args.go_extender is not None and not (args.ready or args.pace):
+    for binary in args.go_extender:
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            ap.error(f"--go-extender {binary}: not an executable file")
+    if args.go_extender and not (args.ready or args.pace):
         ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:
         global PPROF_DIR
@@ -666,7 +669,7 @@ def main() -> int:
             admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
             admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
             t = time.monotonic()
-            go = args.go_extender is not None
+            go = bool(args.go_extender)
             nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem, go)
             print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB in {time.monotonic() - t:.0f} s; "
                   f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
@@ -684,9 +687,9 @@ def main() -> int:
                     times = time_to_ready(cp, workdir, src, args.runs)
                     print(f"time to ready ({src}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
-                if go:
-                    times = go_time_to_ready(cp, workdir, args.go_extender, args.runs, used)
-                    print(f"time to ready (Go original {args.go_extender}): " + ", ".join(f"{x:.2f} s" for x in times)
+                for binary in args.go_extender:
+                    times = go_time_to_ready(cp, workdir, binary, args.runs, used)
+                    print(f"time to ready (Go original {binary}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
                 return 0
             scenarios = []
@@ -698,8 +701,8 @@ def main() -> int:
                         scenarios.append(Scenario(label, qps, policy, ROOT, args.filter_keeps, events))
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
-                if go:
-                    scenarios.append(Scenario("go original", qps, GO, binary=args.go_extender))
+                for binary in args.go_extender:
+                    scenarios.append(Scenario(f"go {binary.name}", qps, GO, binary=binary))
             results = []
             for round_ in range(args.rounds):
                 alone: dict[int, float] = {}
