@@ -511,10 +511,10 @@ def run_scenario(
 
 def create_running(
     admin: ApiServerClient, nodes: list[str], running: int, gpus: int, go: bool = False, per_gpu: int = 0
-) -> int:
+) -> None:
     """`running` pods already bound with their GPU recorded: the cluster an extender starts into.
     `go`: each pod also asks the Go original's resource and carries its annotations, so both
-    extenders start into the same 40,000 pods. Returns the GPU memory they hold in all."""
+    extenders start into the same 40,000 pods."""
     rng = random.Random(3)
     sizes = [rng.choice(SIZES) for _ in range(running)]
     resources = (RESOURCE_MEM, GO_RESOURCE_MEM) if go else (RESOURCE_MEM,)
@@ -528,7 +528,6 @@ def create_running(
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(make, range(running)))
     print(f"# created {running} bound pods in {time.monotonic() - t:.0f} s", file=sys.stderr)
-    return sum(sizes)
 
 
 def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list[float]:
@@ -546,34 +545,46 @@ def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list
     return out
 
 
-def go_inspect_used(url: str) -> int:
-    """GPU memory the Go original's cache holds across all nodes (its /gpushare-scheduler/inspect)."""
-    with urllib.request.urlopen(url + "/gpushare-scheduler/inspect", timeout=60) as resp:
-        nodes = json.loads(resp.read()).get("nodes") or []
-    return sum(int(n.get("usedGPU", 0)) for n in nodes)
+def go_nodes_with_a_free_gpu(url: str, nodes: list[str], per_gpu: int) -> int:
+    """How many nodes the Go original's filter passes for a pod asking a whole GPU: 0 once its cache
+    counts a pod on every GPU. The running pods put exactly one pod on each GPU, so 0 means it holds
+    them all. (Its filter takes the node's lock; its /inspect reads the node map unlocked and could
+    crash it while the cache fills.)"""
+    pod = pod_body("probe", "gpushare-scheduler", per_gpu, resources=(GO_RESOURCE_MEM,))
+    pod["metadata"]["uid"] = "probe"
+    body = json.dumps({"pod": pod, "nodenames": nodes}).encode()
+    req = urllib.request.Request(url + "/gpushare-scheduler/filter", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        result = json.loads(resp.read())
+    if result.get("error"):
+        raise RuntimeError(f"Go original's filter: {result['error']}")
+    return len(result.get("nodenames") or [])
 
 
-def go_time_to_ready(cp: ControlPlane, workdir: Path, binary: Path, runs: int, expected_used: int) -> list[float]:
+def go_time_to_ready(
+    cp: ControlPlane, workdir: Path, binary: Path, runs: int, nodes: list[str], per_gpu: int, probe: bool
+) -> list[float]:
     """Seconds from starting the Go original to /version answering 200. It does not wait for its pod
     informer before serving (pkg/gpushare/controller.go waits for nodes only), so the time until its
-    cache holds every running pod's memory (read off /inspect, polled each second) is printed too."""
+    cache holds every running pod (its filter, polled each second, passes no node for a whole-GPU
+    pod) is printed too."""
     out = []
     for i in range(runs):
-        sc = Scenario(f"ready-go-{i}", 0, GO, binary=binary)
+        sc = Scenario(f"ready-go-{binary.name}-{i}", 0, GO, binary=binary)
         start = time.monotonic()
         proc, url = start_go_extender(sc, cp, workdir)
         out.append(time.monotonic() - start)
-        used, full = -1, float("nan")
-        deadline = start + 600
-        while time.monotonic() < deadline:
-            used = go_inspect_used(url)
-            if used >= expected_used:
+        free, full = -1, float("nan")
+        while probe and time.monotonic() < start + 600:
+            free = go_nodes_with_a_free_gpu(url, nodes, per_gpu)
+            if free == 0:
                 full = time.monotonic() - start
                 break
             time.sleep(1.0)
         proc.stop()
-        print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held {used}/{expected_used} GiB "
-              f"after {full:.1f} s", file=sys.stderr)  # fmt: skip
+        print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held every running pod after "
+              f"{full:.1f} s (nodes left with a free GPU: {free})", file=sys.stderr)  # fmt: skip
     return out
 
 
@@ -674,7 +685,7 @@ def main() -> int:
             print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB in {time.monotonic() - t:.0f} s; "
                   f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
             if args.ready:
-                used = create_running(admin, nodes, args.running, args.gpus, go, args.gpu_mem)
+                create_running(admin, nodes, args.running, args.gpus, go, args.gpu_mem)
                 for size in (500, 1000, 5000):  # the floor: what reading the list alone costs this client
                     t = time.monotonic()
                     pages = admin.pod_pages(page_size=size)
@@ -688,7 +699,8 @@ def main() -> int:
                     print(f"time to ready ({src}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
                 for binary in args.go_extender:
-                    times = go_time_to_ready(cp, workdir, binary, args.runs, used)
+                    probe = args.running == args.nodes * args.gpus  # one pod per GPU: the probe can tell
+                    times = go_time_to_ready(cp, workdir, binary, args.runs, nodes, args.gpu_mem, probe)
                     print(f"time to ready (Go original {binary}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
                 return 0
