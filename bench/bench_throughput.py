@@ -31,15 +31,19 @@ its bind latency is create-to-bound as the watch sees it (the p50/p99 columns, a
 from __future__ import annotations
 
 import argparse
+import http.client
+import http.server
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -197,6 +201,7 @@ class Scenario:
     filter_keeps: str | None = "best"  # None: a checkout without --filter-keeps
     bind_events: str | None = None  # --bind-events, where the checkout has it
     binary: Path | None = None  # policy GO: the Go original's binary
+    proxied: bool = False  # kube-scheduler calls the extender through a TimingProxy
 
     @property
     def scheduler_name(self) -> str:
@@ -258,6 +263,15 @@ def start_go_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Ma
     return proc, url
 
 
+def stop_extender(sc: Scenario, proc: ManagedProcess) -> None:
+    """The Go original exits on a second SIGTERM only (the first closes its informers' stop channel
+    while its HTTP server keeps serving: pkg/utils/signals): send one, then stop() sends the second."""
+    if sc.policy == GO and proc.alive():
+        proc.popen.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+    proc.stop()
+
+
 def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
     if sc.policy == GO:
         return start_go_extender(sc, cp, workdir)
@@ -277,6 +291,72 @@ def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Manag
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/readyz", proc, 300)
     return proc, url
+
+
+class TimingProxy:
+    """A loopback HTTP proxy in front of an extender that times each call it forwards, by verb (the
+    last path segment): the same extender-side measure for the Go original, which exposes no
+    metrics, and for ours behind the same proxy. It times the upstream round trip only (the
+    extender's handler plus one loopback HTTP exchange), not its own parsing."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.times: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep kube-scheduler's connections open, as without it
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
+                status, data = proxy.call(self.command, self.path, body, headers)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def call(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
+        start = time.perf_counter()
+        conn.request(method, path, body=body or None, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self.times.setdefault(path.rstrip("/").rsplit("/", 1)[-1], []).append(elapsed)
+        return resp.status, data
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        """Per verb, milliseconds: mean, p50, p99 (filter and bind; not the bench's own GETs)."""
+        out = {}
+        with self._lock:
+            for verb, times in self.times.items():
+                if verb not in ("filter", "bind"):
+                    continue
+                ts = sorted(times)
+                out[verb] = {"mean": statistics.fmean(ts) * 1000, "p50": statistics.median(ts) * 1000,
+                             "p99": ts[int(0.99 * (len(ts) - 1))] * 1000}  # fmt: skip
+        return out
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def wait_http(url: str, proc: ManagedProcess, timeout: float) -> float:
@@ -468,10 +548,15 @@ def run_scenario(
 ) -> dict[str, Any]:
     """`pace` > 0: create pods at that rate (one at a time) instead of all at once."""
     extender = None
+    proxy = None
     url = "http://127.0.0.1:1"
     if sc.policy is not None:
         extender, url = start_extender(sc, cp, workdir)
-    sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, url + "/gpushare-scheduler")))
+    sched_url = url
+    if sc.proxied:
+        proxy = TimingProxy(url)
+        sched_url = proxy.url
+    sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, sched_url + "/gpushare-scheduler")))
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
@@ -488,20 +573,25 @@ def run_scenario(
         profiler.start()
     try:
         burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace)
+        if profiler is not None:
+            profiler.join()
+        metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
     except TimeoutError as exc:
         raise TimeoutError(f"{sc.label}: {exc}") from exc
-    if profiler is not None:
-        profiler.join()
-    metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
-    cp.stop_scheduler()
-    if extender is not None:
-        extender.stop()
+    finally:  # also on failure or ^C: no extender outlives the bench
+        cp.stop_scheduler()
+        proxied = {}
+        if proxy is not None:
+            proxied = {f"{verb}@proxy": v for verb, v in proxy.latency().items()}
+            proxy.stop()
+        if extender is not None:
+            stop_extender(sc, extender)
     delete_all_pods(admin)
     return {
         "label": sc.label,
         "qps": sc.qps,
         **burst,
-        "extender_ms": extender_latency(metrics),
+        "extender_ms": extender_latency(metrics) | proxied,
         "bind_failures": bind_failures(metrics),
     }
 
@@ -582,7 +672,7 @@ def go_time_to_ready(
                 full = time.monotonic() - start
                 break
             time.sleep(1.0)
-        proc.stop()
+        stop_extender(sc, proc)
         print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held every running pod after "
               f"{full:.1f} s (nodes left with a free GPU: {free})", file=sys.stderr)  # fmt: skip
     return out
@@ -711,10 +801,13 @@ def main() -> int:
                     for events in args.bind_events.split(","):
                         label = policy if events == "failures" else f"{policy} (events: {events})"
                         scenarios.append(Scenario(label, qps, policy, ROOT, args.filter_keeps, events))
+                        if go:  # the same proxy as the Go original's, for the same extender-side measure
+                            scenarios.append(Scenario(f"{label} (proxied)", qps, policy, ROOT, args.filter_keeps,
+                                                      events, proxied=True))  # fmt: skip
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
                 for binary in args.go_extender:
-                    scenarios.append(Scenario(f"go {binary.name}", qps, GO, binary=binary))
+                    scenarios.append(Scenario(f"go {binary.name}", qps, GO, binary=binary, proxied=True))
             results = []
             for round_ in range(args.rounds):
                 alone: dict[int, float] = {}

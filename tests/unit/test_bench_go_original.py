@@ -62,3 +62,39 @@ def test_pending_go_pod_asks_its_resource_only() -> None:
     pod = bench.pod_body("p1", "gpushare-scheduler", 2, resources=(bench.GO_RESOURCE_MEM,))
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"aliyun.com/gpu-mem": "2"}
     assert "nodeName" not in pod["spec"] and "annotations" not in pod["metadata"]
+
+
+def test_timing_proxy_forwards_and_times_each_verb() -> None:
+    import http.server
+    import threading
+    import urllib.request
+
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            data = b'{"echo":' + body + b',"path":"' + self.path.encode() + b'"}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    proxy = bench.TimingProxy(f"http://127.0.0.1:{upstream.server_address[1]}")
+    try:
+        for verb in ("filter", "bind", "bind"):
+            req = urllib.request.Request(f"{proxy.url}/gpushare-scheduler/{verb}", data=b"1", method="POST")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.read() == b'{"echo":1,"path":"/gpushare-scheduler/' + verb.encode() + b'"}'
+        lat = proxy.latency()
+        assert set(lat) == {"filter", "bind"} and len(proxy.times["bind"]) == 2
+        assert 0 < lat["bind"]["p50"] <= lat["bind"]["p99"] < 10_000
+    finally:
+        proxy.stop()
+        upstream.shutdown()
+        upstream.server_close()
