@@ -34,6 +34,7 @@ import argparse
 import http.client
 import http.server
 import json
+import math
 import os
 import random
 import signal
@@ -351,7 +352,7 @@ class TimingProxy:
                     continue
                 ts = sorted(times)
                 out[verb] = {"mean": statistics.fmean(ts) * 1000, "p50": statistics.median(ts) * 1000,
-                             "p99": ts[int(0.99 * (len(ts) - 1))] * 1000}  # fmt: skip
+                             "p99": ts[math.ceil(0.99 * len(ts)) - 1] * 1000}  # fmt: skip
         return out
 
     def stop(self) -> None:
