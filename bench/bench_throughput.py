@@ -306,6 +306,7 @@ class TimingProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = urllib.parse.urlsplit(upstream)
         self.times: dict[str, list[float]] = {}
+        self.errors = 0  # calls that found no extender behind the proxy
         self._lock = threading.Lock()
         self._local = threading.local()
         proxy = self
@@ -319,7 +320,13 @@ class TimingProxy:
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
-                status, data = proxy.call(self.command, self.path, body, headers)
+                try:
+                    status, data = proxy.call(self.command, self.path, body, headers)
+                except OSError as exc:  # the extender is gone or dropped the call: kube-scheduler sees a 502
+                    proxy._local.conn = None
+                    with proxy._lock:
+                        proxy.errors += 1
+                    status, data = 502, json.dumps({"error": f"proxy: {exc}"}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -584,9 +591,10 @@ def run_scenario(
         raise TimeoutError(f"{sc.label}: {exc}") from exc
     finally:  # also on failure or ^C: no extender outlives the bench
         cp.stop_scheduler()
-        proxied = {}
+        proxied, proxy_errors = {}, {}
         if proxy is not None:
             proxied = {f"{verb}@proxy": v for verb, v in proxy.latency().items()}
+            proxy_errors = {"proxy errors": float(proxy.errors)} if proxy.errors else {}
             proxy.stop()
         if extender is not None:
             stop_extender(sc, extender)
@@ -596,7 +604,7 @@ def run_scenario(
         "qps": sc.qps,
         **burst,
         "extender_ms": extender_latency(metrics) | proxied,
-        "bind_failures": bind_failures(metrics),
+        "bind_failures": bind_failures(metrics) | proxy_errors,
     }
 
 
