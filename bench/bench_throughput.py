@@ -661,7 +661,11 @@ def go_nodes_with_a_free_gpu(url: str, nodes: list[str], per_gpu: int) -> int:
         result = json.loads(resp.read())
     if result.get("error"):
         raise RuntimeError(f"Go original's filter: {result['error']}")
-    return len(result.get("nodenames") or [])
+    passed, failed = result.get("nodenames") or [], result.get("failedNodes") or {}
+    reasons = set(failed.values()) - {"Insufficient GPU Memory in one device"}
+    if reasons or len(passed) + len(failed) != len(nodes):  # a node failing for another cause proves nothing
+        raise RuntimeError(f"Go original's filter: {len(passed)} passed, {len(failed)} failed: {sorted(reasons)[:3]}")
+    return len(passed)
 
 
 def go_time_to_ready(
