@@ -658,10 +658,11 @@ def go_nodes_with_a_free_gpu(url: str, nodes: list[str], per_gpu: int) -> int:
     req = urllib.request.Request(url + "/gpushare-scheduler/filter", data=body, method="POST",
                                  headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=120) as resp:
-        result = json.loads(resp.read())
+        # Its ExtenderFilterResult (k8s.io/kube-scheduler v0.26 extender/v1) has no json tags: Go field names.
+        result = {k.lower(): v for k, v in json.loads(resp.read()).items()}
     if result.get("error"):
         raise RuntimeError(f"Go original's filter: {result['error']}")
-    passed, failed = result.get("nodenames") or [], result.get("failedNodes") or {}
+    passed, failed = result.get("nodenames") or [], result.get("failednodes") or {}
     reasons = set(failed.values()) - {"Insufficient GPU Memory in one device"}
     if reasons or len(passed) + len(failed) != len(nodes):  # a node failing for another cause proves nothing
         raise RuntimeError(f"Go original's filter: {len(passed)} passed, {len(failed)} failed: {sorted(reasons)[:3]}")
