@@ -686,13 +686,15 @@ def go_time_to_ready(
         proc, url = start_go_extender(sc, cp, workdir, Path(os.devnull))
         out.append(time.monotonic() - start)
         free, full = -1, float("nan")
-        while probe and time.monotonic() < start + 600:
-            free = go_nodes_with_a_free_gpu(url, nodes, per_gpu)
-            if free == 0:
-                full = time.monotonic() - start
-                break
-            time.sleep(1.0)
-        stop_extender(sc, proc)
+        try:
+            while probe and time.monotonic() < start + 600:
+                free = go_nodes_with_a_free_gpu(url, nodes, per_gpu)
+                if free == 0:
+                    full = time.monotonic() - start
+                    break
+                time.sleep(1.0)
+        finally:
+            stop_extender(sc, proc)
         print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held every running pod after "
               f"{full:.1f} s (nodes left with a free GPU: {free})", file=sys.stderr)  # fmt: skip
     return out
