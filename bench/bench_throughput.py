@@ -25,7 +25,10 @@ this repository; the bench never builds or fetches it) as one more scenario, in 
 annotations, so the nodes carry both its capacity and ours, its scenario's pods ask for aliyun.com/gpu-mem,
 and its kube-scheduler gets our configuration with only managedResources changed (same flags, same
 profile; its routes are /gpushare-scheduler/filter and /bind, as ours). It exposes no latency metrics:
-its bind latency is create-to-bound as the watch sees it (the p50/p99 columns, as for every scenario).
+its kube-scheduler calls it through a loopback TimingProxy, and ours runs once more behind the same
+proxy, so `bind@proxy`/`filter@proxy` are the same extender-side measure for both; p50/p99 remain
+create-to-bound as the watch sees it. With --ready it is ready once /version answers, and the time until
+its cache holds every running pod is printed too (it may serve before its pod informer has synced).
 """
 
 from __future__ import annotations
