@@ -16,19 +16,38 @@ cores, so absolute numbers move with the machine, ratios far less.
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
+  python bench/bench_throughput.py --pace 20 --pods 400 --policies binpack --qps 1000 --rounds 3 \
+      --go-extender /work/goorig/bin/gpushare-sche-extender   # side by side with the Go original
+
+--go-extender runs the Go original (AliyunContainerService/gpushare-scheduler-extender, built outside
+this repository; the bench never builds or fetches it) as one more scenario, in the paced mode and in
+--ready. It reads aliyun.com/gpu-mem and aliyun.com/gpu-count on nodes and pods and its own ALIYUN_COM_*
+annotations, so the nodes carry both its capacity and ours, its scenario's pods ask for aliyun.com/gpu-mem,
+and its kube-scheduler gets our configuration with only managedResources changed (same flags, same
+profile; its routes are /gpushare-scheduler/filter and /bind, as ours). It exposes no latency metrics:
+its kube-scheduler calls it through a loopback TimingProxy, and ours runs once more behind the same
+proxy, so `bind@proxy`/`filter@proxy` are the same extender-side measure for both; p50/p99 remain
+create-to-bound as the watch sees it. With --ready it is ready once /version answers, and the time until
+its cache holds every running pod is printed too (it may serve before its pod informer has synced).
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import http.server
+import json
+import math
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +61,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from share_core.assignment import Assignment  # noqa: E402
+from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, create_node, gpu_pod, gpus_annotation  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 
@@ -51,6 +71,16 @@ NAMESPACE = "bench"
 EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
 ALONE = "bench-alone"
 SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
+
+# The Go original's names (its pkg/utils/const.go), used only by the --go-extender scenario.
+GO_RESOURCE_MEM = "aliyun.com/gpu-mem"
+GO_RESOURCE_COUNT = "aliyun.com/gpu-count"
+GO_ANN_INDEX = "ALIYUN_COM_GPU_MEM_IDX"
+GO_ANN_POD = "ALIYUN_COM_GPU_MEM_POD"
+GO_ANN_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+GO_ANN_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+GO_ANN_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+GO = "go"  # Scenario.policy of the Go original
 
 
 # --------------------------------------------------------------------------- processes' CPU time
@@ -93,17 +123,55 @@ def cpu_seconds(pid: int, descendants: bool = True) -> float:
 # --------------------------------------------------------------------------- cluster objects
 
 
-def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int) -> list[str]:
+def go_node_resources(gpus: int, mem: int) -> dict[str, str]:
+    """The Go original's node capacity: total GPU memory and GPU count (its GetTotalGPUMemory and
+    GetGPUCountInNode read them from status.capacity), in the same unit as ours (GiB)."""
+    return {GO_RESOURCE_MEM: str(gpus * mem), GO_RESOURCE_COUNT: str(gpus)}
+
+
+def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int, go: bool = False) -> list[str]:
+    """`go`: each node also carries the Go original's capacity, so one cluster serves both extenders."""
     names = [f"node-{i:05d}" for i in range(count)]
-    create_bare_nodes(admin, names, gpus, mem)
+    if not go:
+        create_bare_nodes(admin, names, gpus, mem)
+        return names
+
+    def make(name: str) -> None:
+        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem),
+               **go_node_resources(gpus, mem)}  # fmt: skip
+        create_node(admin, name, res, {"gpushare": "true"}, {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)})
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(make, names))
     return names
 
 
-def pod_body(name: str, scheduler: str, mem: int, node: str | None = None, gpu: int = 0) -> dict[str, Any]:
+def go_assignment_annotations(gpu: int, mem: int, per_gpu: int) -> dict[str, str]:
+    """What the Go original writes on a pod it bound (utils.GetUpdatedPodAnnotationSpec), assigned."""
+    return {GO_ANN_INDEX: str(gpu), GO_ANN_POD: str(mem), GO_ANN_DEV: str(per_gpu), GO_ANN_ASSIGNED: "true",
+            GO_ANN_ASSUME_TIME: str(time.time_ns())}  # fmt: skip
+
+
+def pod_body(
+    name: str,
+    scheduler: str,
+    mem: int,
+    node: str | None = None,
+    gpu: int = 0,
+    resources: tuple[str, ...] = (RESOURCE_MEM,),
+    per_gpu: int = 0,
+) -> dict[str, Any]:
+    """`resources`: the GPU-memory resource names the pod asks `mem` of (ours, the Go original's, or
+    both for a running pod both extenders must count); a bound pod gets each one's annotations."""
     pod = gpu_pod(NAMESPACE, name, scheduler, mem)
+    pod["spec"]["containers"][0]["resources"]["limits"] = {r: str(mem) for r in resources}
     if node is not None:  # already bound, with its GPU recorded (a cluster that is running)
         pod["spec"]["nodeName"] = node
-        ann = Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+        ann: dict[str, str] = {}
+        if RESOURCE_MEM in resources:
+            ann |= Assignment((gpu,), (f"GPU-{node}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+        if GO_RESOURCE_MEM in resources:
+            ann |= go_assignment_annotations(gpu, mem, per_gpu)
         pod["metadata"]["annotations"] = ann
     return pod
 
@@ -141,10 +209,17 @@ class Scenario:
     src: Path = ROOT  # the checkout whose extender runs
     filter_keeps: str | None = "best"  # None: a checkout without --filter-keeps
     bind_events: str | None = None  # --bind-events, where the checkout has it
+    binary: Path | None = None  # policy GO: the Go original's binary
+    proxied: bool = False  # kube-scheduler calls the extender through a TimingProxy
 
     @property
     def scheduler_name(self) -> str:
         return ALONE if self.policy is None else "gpushare-scheduler"
+
+    @property
+    def resource(self) -> str:
+        """The GPU-memory resource this scenario's pods ask for."""
+        return GO_RESOURCE_MEM if self.policy == GO else RESOURCE_MEM
 
 
 def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict[str, Any]:
@@ -157,7 +232,24 @@ def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict
     return yaml.safe_load(out)
 
 
+def go_extender_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Our KubeSchedulerConfiguration turned to the Go original: the same flags and profile, its
+    resource as the managed one, and only the verbs it serves (filter, bind: pkg/routes/routes.go)."""
+    out = dict(config)
+    extenders = []
+    for ext in config["extenders"]:
+        ext = {k: v for k, v in ext.items() if k not in ("prioritizeVerb", "weight", "preemptVerb")}
+        ext["managedResources"] = [{"name": GO_RESOURCE_MEM, "ignoredByScheduler": False}]
+        if ext.get("filterVerb") != "filter" or ext.get("bindVerb") != "bind":
+            raise ValueError(f"the Go original serves filter and bind only, not {ext}")
+        extenders.append(ext)
+    out["extenders"] = extenders
+    return out
+
+
 def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
+    if sc.policy == GO:  # our configuration as the Go original's chart would have it: same flags
+        return go_extender_config(scheduler_config(Scenario(sc.label, sc.qps, "binpack"), extender_url))
     config = print_config(sc.src, extender_url, sc.filter_keeps)
     if sc.policy is None:
         # The same configuration, without the extender: same profile shape, same percentage.
@@ -167,7 +259,34 @@ def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
     return config
 
 
+def start_go_extender(
+    sc: Scenario, cp: ControlPlane, workdir: Path, log_path: Path | None = None
+) -> tuple[ManagedProcess, str]:
+    """The Go original, configured as its cmd/main.go reads it: PORT and KUBECONFIG from the
+    environment, its default log level; ready once /version answers (it serves after its node
+    informer has synced and it has built its cache from the pod lister)."""
+    assert sc.binary is not None
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "PORT": str(port), "KUBECONFIG": str(cp.admin_kubeconfig)}
+    log_path = log_path or workdir / f"extender-{sc.label}.log"
+    proc = ManagedProcess("go-extender", [sc.binary], log_path, env=env, cwd=workdir)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/version", proc, 300)
+    return proc, url
+
+
+def stop_extender(sc: Scenario, proc: ManagedProcess) -> None:
+    """The Go original exits on a second SIGTERM only (the first closes its informers' stop channel
+    while its HTTP server keeps serving: pkg/utils/signals): send one, then stop() sends the second."""
+    if sc.policy == GO and proc.alive():
+        proc.popen.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+    proc.stop()
+
+
 def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[ManagedProcess, str]:
+    if sc.policy == GO:
+        return start_go_extender(sc, cp, workdir)
     port = free_port()
     # BENCH_EXTENDER_MAIN: a script to run instead of the module (e.g. a profiler wrapping share_scheduler.cli.main)
     wrapper = os.environ.get("BENCH_EXTENDER_MAIN")
@@ -184,6 +303,79 @@ def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Manag
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/readyz", proc, 300)
     return proc, url
+
+
+class TimingProxy:
+    """A loopback HTTP proxy in front of an extender that times each call it forwards, by verb (the
+    last path segment): the same extender-side measure for the Go original, which exposes no
+    metrics, and for ours behind the same proxy. It times the upstream round trip only (the
+    extender's handler plus one loopback HTTP exchange), not its own parsing."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.times: dict[str, list[float]] = {}
+        self.errors = 0  # calls that found no extender behind the proxy
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep kube-scheduler's connections open, as without it
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {"Content-Type": self.headers.get("Content-Type") or "application/json"}
+                try:
+                    status, data = proxy.call(self.command, self.path, body, headers)
+                except OSError as exc:  # the extender is gone or dropped the call: kube-scheduler sees a 502
+                    proxy._local.conn = None
+                    with proxy._lock:
+                        proxy.errors += 1
+                    status, data = 502, json.dumps({"error": f"proxy: {exc}"}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def call(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=60)
+        start = time.perf_counter()
+        conn.request(method, path, body=body or None, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        elapsed = time.perf_counter() - start
+        with self._lock:
+            self.times.setdefault(path.rstrip("/").rsplit("/", 1)[-1], []).append(elapsed)
+        return resp.status, data
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        """Per verb, milliseconds: mean, p50, p99 (filter and bind; not the bench's own GETs)."""
+        out = {}
+        with self._lock:
+            for verb, times in self.times.items():
+                if verb not in ("filter", "bind"):
+                    continue
+                ts = sorted(times)
+                out[verb] = {"mean": statistics.fmean(ts) * 1000, "p50": statistics.median(ts) * 1000,
+                             "p99": ts[math.ceil(0.99 * len(ts)) - 1] * 1000}  # fmt: skip
+        return out
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def wait_http(url: str, proc: ManagedProcess, timeout: float) -> float:
@@ -375,17 +567,23 @@ def run_scenario(
 ) -> dict[str, Any]:
     """`pace` > 0: create pods at that rate (one at a time) instead of all at once."""
     extender = None
+    proxy = None
     url = "http://127.0.0.1:1"
     if sc.policy is not None:
         extender, url = start_extender(sc, cp, workdir)
-    sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, url + "/gpushare-scheduler")))
+    sched_url = url
+    if sc.proxied:
+        proxy = TimingProxy(url)
+        sched_url = proxy.url
+    sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, sched_url + "/gpushare-scheduler")))
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
 
     def create(i: int) -> str:
         name = f"p{i:06d}"
-        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=pod_body(name, sc.scheduler_name, sizes[i]))
+        body = pod_body(name, sc.scheduler_name, sizes[i], resources=(sc.resource,))
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
         return name
 
     profiler = None
@@ -394,36 +592,47 @@ def run_scenario(
         profiler.start()
     try:
         burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace)
+        if profiler is not None:
+            profiler.join()
+        metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
     except TimeoutError as exc:
         raise TimeoutError(f"{sc.label}: {exc}") from exc
-    if profiler is not None:
-        profiler.join()
-    metrics = extender_metrics(url) if extender is not None else ""
-    cp.stop_scheduler()
-    if extender is not None:
-        extender.stop()
+    finally:  # also on failure or ^C: no extender outlives the bench
+        cp.stop_scheduler()
+        proxied, proxy_errors = {}, {}
+        if proxy is not None:
+            proxied = {f"{verb}@proxy": v for verb, v in proxy.latency().items()}
+            proxy_errors = {"proxy errors": float(proxy.errors)} if proxy.errors else {}
+            proxy.stop()
+        if extender is not None:
+            stop_extender(sc, extender)
     delete_all_pods(admin)
     return {
         "label": sc.label,
         "qps": sc.qps,
         **burst,
-        "extender_ms": extender_latency(metrics),
-        "bind_failures": bind_failures(metrics),
+        "extender_ms": extender_latency(metrics) | proxied,
+        "bind_failures": bind_failures(metrics) | proxy_errors,
     }
 
 
 # --------------------------------------------------------------------------- time to ready
 
 
-def create_running(admin: ApiServerClient, nodes: list[str], running: int, gpus: int) -> None:
-    """`running` pods already bound with their GPU recorded: the cluster an extender starts into."""
+def create_running(
+    admin: ApiServerClient, nodes: list[str], running: int, gpus: int, go: bool = False, per_gpu: int = 0
+) -> None:
+    """`running` pods already bound with their GPU recorded: the cluster an extender starts into.
+    `go`: each pod also asks the Go original's resource and carries its annotations, so both
+    extenders start into the same 40,000 pods."""
     rng = random.Random(3)
     sizes = [rng.choice(SIZES) for _ in range(running)]
+    resources = (RESOURCE_MEM, GO_RESOURCE_MEM) if go else (RESOURCE_MEM,)
     t = time.monotonic()
 
     def make(i: int) -> None:
         node = nodes[i % len(nodes)]
-        body = pod_body(f"r{i:06d}", "gpushare-scheduler", sizes[i], node, (i // len(nodes)) % gpus)
+        body = pod_body(f"r{i:06d}", "gpushare-scheduler", sizes[i], node, (i // len(nodes)) % gpus, resources, per_gpu)
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
 
     with ThreadPoolExecutor(16) as pool:
@@ -443,6 +652,59 @@ def time_to_ready(cp: ControlPlane, workdir: Path, src: Path, runs: int) -> list
         proc.stop()
         listed = [line for line in proc.log_path.read_text().splitlines() if "listed" in line]
         print(f"# {src} run {i}: {out[-1]:.2f} s; " + " | ".join(x.split(": ", 1)[-1] for x in listed), file=sys.stderr)
+    return out
+
+
+def go_nodes_with_a_free_gpu(url: str, nodes: list[str], per_gpu: int) -> int:
+    """How many nodes the Go original's filter passes for a pod asking a whole GPU: 0 once its cache
+    counts a pod on every GPU. The running pods put exactly one pod on each GPU, so 0 means it holds
+    them all. (Its filter takes the node's lock; its /inspect reads the node map unlocked and could
+    crash it while the cache fills.)"""
+    pod = pod_body("probe", "gpushare-scheduler", per_gpu, resources=(GO_RESOURCE_MEM,))
+    pod["metadata"]["uid"] = "probe"
+    body = json.dumps({"pod": pod, "nodenames": nodes}).encode()
+    req = urllib.request.Request(url + "/gpushare-scheduler/filter", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        # Its ExtenderFilterResult (k8s.io/kube-scheduler v0.26 extender/v1) has no json tags: Go field names.
+        result = {k.lower(): v for k, v in json.loads(resp.read()).items()}
+    if result.get("error"):
+        raise RuntimeError(f"Go original's filter: {result['error']}")
+    passed, failed = result.get("nodenames") or [], result.get("failednodes") or {}
+    reasons = set(failed.values()) - {"Insufficient GPU Memory in one device"}
+    if reasons or len(passed) + len(failed) != len(nodes):  # a node failing for another cause proves nothing
+        raise RuntimeError(f"Go original's filter: {len(passed)} passed, {len(failed)} failed: {sorted(reasons)[:3]}")
+    return len(passed)
+
+
+def go_time_to_ready(
+    cp: ControlPlane, workdir: Path, binary: Path, runs: int, nodes: list[str], per_gpu: int, probe: bool
+) -> list[float]:
+    """Seconds from starting the Go original to /version answering 200. It does not wait for its pod
+    informer before serving (pkg/gpushare/controller.go waits for nodes only), so the time until its
+    cache holds every running pod (its filter, polled each second, passes no node for a whole-GPU
+    pod) is printed too."""
+    out = []
+    for i in range(runs):
+        sc = Scenario(f"ready-go-{binary.name}-{i}", 0, GO, binary=binary)
+        start = time.monotonic()
+        # Its log goes to /dev/null here: at its default level it prints, per pod it adds, the pod and
+        # its whole node map (pkg/cache/cache.go AddOrUpdatePod), some 6 GB for 40,000 pods on 5,000
+        # nodes. It still formats every line; only the writing is spared.
+        proc, url = start_go_extender(sc, cp, workdir, Path(os.devnull))
+        out.append(time.monotonic() - start)
+        free, full = -1, float("nan")
+        try:
+            while probe and time.monotonic() < start + 600:
+                free = go_nodes_with_a_free_gpu(url, nodes, per_gpu)
+                if free == 0:
+                    full = time.monotonic() - start
+                    break
+                time.sleep(1.0)
+        finally:
+            stop_extender(sc, proc)
+        print(f"# {binary} run {i}: {out[-1]:.2f} s to /version; its cache held every running pod after "
+              f"{full:.1f} s (nodes left with a free GPU: {free})", file=sys.stderr)  # fmt: skip
     return out
 
 
@@ -514,7 +776,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
     ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
+    ap.add_argument("--go-extender", type=Path, action="append", default=[],
+                    help="also run the Go original, built outside this repository (paced mode and --ready; "
+                    "repeat it for several builds, each a scenario named after its file); the bench never "
+                    "builds or fetches it")  # fmt: skip
     args = ap.parse_args()
+    for binary in args.go_extender:
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            ap.error(f"--go-extender {binary}: not an executable file")
+    if args.go_extender and not (args.ready or args.pace):
+        ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:
         global PPROF_DIR
         args.pprof.mkdir(parents=True, exist_ok=True)
@@ -529,11 +800,12 @@ def main() -> int:
             admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
             admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
             t = time.monotonic()
-            nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem)
+            go = bool(args.go_extender)
+            nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem, go)
             print(f"# {args.nodes} nodes x {args.gpus} GPUs x {args.gpu_mem} GiB in {time.monotonic() - t:.0f} s; "
                   f"{os.cpu_count()} CPUs", file=sys.stderr)  # fmt: skip
             if args.ready:
-                create_running(admin, nodes, args.running, args.gpus)
+                create_running(admin, nodes, args.running, args.gpus, go, args.gpu_mem)
                 for size in (500, 1000, 5000):  # the floor: what reading the list alone costs this client
                     t = time.monotonic()
                     pages = admin.pod_pages(page_size=size)
@@ -546,6 +818,11 @@ def main() -> int:
                     times = time_to_ready(cp, workdir, src, args.runs)
                     print(f"time to ready ({src}): " + ", ".join(f"{x:.2f} s" for x in times)
                           + f"; median {statistics.median(times):.2f} s")  # fmt: skip
+                for binary in args.go_extender:
+                    probe = args.running == args.nodes * args.gpus  # one pod per GPU: the probe can tell
+                    times = go_time_to_ready(cp, workdir, binary, args.runs, nodes, args.gpu_mem, probe)
+                    print(f"time to ready (Go original {binary}): " + ", ".join(f"{x:.2f} s" for x in times)
+                          + f"; median {statistics.median(times):.2f} s")  # fmt: skip
                 return 0
             scenarios = []
             for qps in qps_values:
@@ -554,8 +831,13 @@ def main() -> int:
                     for events in args.bind_events.split(","):
                         label = policy if events == "failures" else f"{policy} (events: {events})"
                         scenarios.append(Scenario(label, qps, policy, ROOT, args.filter_keeps, events))
+                        if go:  # the same proxy as the Go original's, for the same extender-side measure
+                            scenarios.append(Scenario(f"{label} (proxied)", qps, policy, ROOT, args.filter_keeps,
+                                                      events, proxied=True))  # fmt: skip
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
+                for binary in args.go_extender:
+                    scenarios.append(Scenario(f"go {binary.name}", qps, GO, binary=binary, proxied=True))
             results = []
             for round_ in range(args.rounds):
                 alone: dict[int, float] = {}
