@@ -483,6 +483,10 @@ Prefix = tuple[
 ]
 
 
+# `_Pricer.node_sig`: ((GPUs, key positions), running sums, sole model or None, sorted frees, distinct frees).
+NodeSig = tuple[tuple[int, tuple[int, ...]], tuple[int, ...], str | None, tuple[int, ...], tuple[int, ...]]
+
+
 class _Pricer:
     """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
 
@@ -517,6 +521,12 @@ class _Pricer:
         self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
         self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
         self._unrestricted = all(not models for models, _ in self.keys)
+        # With no key restricted to GPU models, every model sees every key, by per_gpu ascending.
+        self.all_qs = tuple(sorted(q for _, q in self.keys)) if self._unrestricted else None
+        self._gpu_infos: dict[tuple[int, tuple[str, ...], str], dict[int, tuple[int, int, int] | bool]] = {}
+        # GPU view -> `node_sig`; FragPolicy hands it on to the next pricer while `all_qs` is the same.
+        self.node_sigs: dict[GpuView, NodeSig] = {}
+        self._room_prefixes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -600,6 +610,63 @@ class _Pricer:
                 usable_list.append(usable)
             rooms, usables = tuple(room_list), tuple(usable_list)
         return (qs, *self.by_rooms(model, rooms), rooms, usables)
+
+    def one_gpu_infos(self, per: int, models: tuple[str, ...], model: str) -> dict[int, tuple[int, int, int] | bool]:
+        """free -> `gpu_info((model, free), per, models)`, filled lazily: what a share of this size and
+        model set needs to know of one GPU of `model`, whatever node it is on."""
+        key = (per, models, model)
+        d = self._gpu_infos.get(key)
+        if d is None:
+            if len(self._gpu_infos) >= 1024:  # many sizes seen since the table was built: start afresh
+                self._gpu_infos.clear()
+            d = self._gpu_infos[key] = {}
+        return d
+
+    def gpu_info(self, gpu: tuple[str, int], per: int, models: tuple[str, ...]) -> tuple[int, int, int] | bool:
+        """For taking `per` units from `gpu`: (what it costs the single-GPU groups, plus the free
+        capacity it removes; the first key (of `all_qs`) it does not stay above; the first it stays
+        below): `delta_one` less the parts that depend on the node. False: the GPU cannot take it."""
+        m, f = gpu
+        if f < per or (models and not _model_allowed(models, m)):
+            return False
+        a = f - per
+        qs = self.all_qs or ()
+        lo = bisect_right(qs, a)
+        return self.value(m, f) - self.value(m, a) - per * self.total_w, lo, bisect_right(qs, f, lo)
+
+    def node_sig(self, gpus: GpuView) -> NodeSig:
+        """What the fast paths need of a node's GPUs when the keys are unrestricted (`all_qs` not
+        None), a pure function of the GPUs and `all_qs` (so a new table with the same keys keeps it):
+        - (GPUs, positions where the sorted frees reach each key's per_gpu): the node's room per key,
+          which picks the shared `room_prefix`;
+        - running sums of the sorted frees from 0: its usable capacity per key;
+        - the one GPU model of the node (None: none or several);
+        - its frees sorted, and its distinct frees ascending (the candidates of a single-GPU share)."""
+        vals = sorted([f for _, f in gpus])
+        qs = self.all_qs or ()
+        models = {m for m, _ in gpus}
+        v = (
+            (len(vals), tuple(map(bisect_left, repeat(vals, len(qs)), qs))),
+            tuple(accumulate(vals, initial=0)),
+            models.pop() if len(models) == 1 else None,
+            tuple(vals),
+            tuple(dict.fromkeys(vals)),
+        )
+        if len(self.node_sigs) >= FragPolicy.MEMO_LIMIT:
+            self.node_sigs.clear()
+        self.node_sigs[gpus] = v
+        return v
+
+    def room_prefix(self, sig: tuple[int, tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+        """`by_rooms` for a node with this `node_sig` signature (rooms `n - idx`), memoised on it: few
+        differ among many nodes (a few hundred among 5,000)."""
+        v = self._room_prefixes.get(sig)
+        if v is None:
+            if len(self._room_prefixes) >= 100_000:
+                self._room_prefixes.clear()
+            n, idx = sig
+            v = self._room_prefixes[sig] = self.by_rooms("", tuple([n - i for i in idx]))
+        return v
 
     def by_rooms(
         self, model: str, rooms: tuple[int, ...]
@@ -787,6 +854,8 @@ class FragPolicy(_ViewPolicy):
                         self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
                     if pricer.keys != self._pricer.keys:
                         self._sums_memo = {}
+                    if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
+                        pricer.node_sigs = self._pricer.node_sigs  # the nodes' room positions stand
                     self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
@@ -889,6 +958,62 @@ class FragPolicy(_ViewPolicy):
         if mem_free is not None and mem_free < demand.memory:
             return None
         per, models = demand.per_gpu, demand.models
+        if pricer.all_qs is not None:
+            # No key restricted to models: the node enters through its sorted frees alone. Where they
+            # reach each key's per_gpu (its room per key) picks running sums shared by every node with
+            # the same room counts; what depends on one GPU alone is looked up per GPU state; only the
+            # keys a share crosses need this node's usable capacity. `delta_one`, exactly, and the same
+            # candidate wins: the least price, then the least left (distinct for distinct frees).
+            sig_entry = pricer.node_sigs.get(gpus)
+            if sig_entry is None:
+                sig_entry = pricer.node_sig(gpus)
+            sig, running, sole, _, uniq = sig_entry
+            idx = sig[1]
+            stay, cross_free, cross_usable, cross_const = pricer.room_prefix(sig)
+            total = running[-1]
+            best_d = best_left = 0
+            best = None
+            if sole is not None:  # one model: the candidates are the distinct frees with room
+                if models and not _model_allowed(models, sole):
+                    return None
+                infos = pricer.one_gpu_infos(per, models, sole)
+                for f in uniq[bisect_left(uniq, per) :]:
+                    info = infos.get(f)
+                    if info is None:
+                        info = infos[f] = pricer.gpu_info((sole, f), per, models)
+                    d, lo, hi = info  # type: ignore[misc]
+                    d += per * stay[lo]
+                    if hi > lo:
+                        d += f * (cross_free[hi] - cross_free[lo])
+                        for j in range(lo, hi):
+                            d += cross_usable[j] * (total - running[idx[j]]) + cross_const[j]
+                    if best is None or d < best_d:
+                        best_d, best_left, best = d, f - per, f
+                if best is None:
+                    return None
+                pos = gpus.index((sole, best))
+            else:  # several models: each distinct GPU state, in the order of its first position
+                for g in dict.fromkeys(gpus):
+                    m, f = g
+                    infos = pricer.one_gpu_infos(per, models, m)
+                    info = infos.get(f)
+                    if info is None:
+                        info = infos[f] = pricer.gpu_info(g, per, models)
+                    if info is False:
+                        continue
+                    d, lo, hi = info  # type: ignore[misc]
+                    d += per * stay[lo]
+                    if hi > lo:
+                        d += f * (cross_free[hi] - cross_free[lo])
+                        for j in range(lo, hi):
+                            d += cross_usable[j] * (total - running[idx[j]]) + cross_const[j]
+                    a = f - per
+                    if best is None or d < best_d or (d == best_d and a < best_left):
+                        best_d, best_left, best = d, a, g
+                if best is None:
+                    return None
+                pos = gpus.index(best)
+            return self._finish(best_d, best_left, (pos,), gpus, per, None, total)
         # What the single-GPU groups lose when this demand takes one GPU (model, free): the same on
         # every node, so one dict per size serves them all.
         single = pricer.single_loss(per)
@@ -928,6 +1053,12 @@ class FragPolicy(_ViewPolicy):
         if mem_free is not None and mem_free < demand.memory:
             return None
         per, count, models = demand.per_gpu, demand.count, demand.models
+        if pricer.all_qs is not None and count > 1:
+            sig_entry = pricer.node_sigs.get(gpus)
+            if sig_entry is None:
+                sig_entry = pricer.node_sig(gpus)
+            if sig_entry[2] is not None:
+                return self._evaluate_gpus_one_model(gpus, per, count, models, pricer, sig_entry)
         elig = [(f, i) for i, (m, f) in enumerate(gpus) if f >= per and (not models or _model_allowed(models, m))]
         if len(elig) < count:
             return None
@@ -975,6 +1106,61 @@ class FragPolicy(_ViewPolicy):
         d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if keys else (), changes)
         left = sum(f for f, _ in picked) - per * count
         return self._finish(d, left, chosen, gpus, per, None)
+
+    def _evaluate_gpus_one_model(
+        self, gpus: GpuView, per: int, count: int, models: tuple[str, ...], pricer: _Pricer, sig_entry: NodeSig
+    ) -> Evaluation:
+        """`_evaluate_gpus` on a node of one GPU model with unrestricted keys, from its `node_sig`: the
+        best-fit GPUs are the `count` least frees with room (lowest positions on ties), and their price
+        is `_Pricer.delta`'s, with every key's room and usable capacity read off the sorted frees."""
+        sole = sig_entry[2]
+        assert sole is not None
+        if models and not _model_allowed(models, sole):
+            return None
+        (n, idx), running, _, vals, _ = sig_entry
+        i0 = bisect_left(vals, per)
+        if n - i0 < count:
+            return None
+        picked = vals[i0 : i0 + count]
+        infos = pricer.one_gpu_infos(per, models, sole)
+        d = 0
+        for f in picked:
+            info = infos.get(f)
+            if info is None:
+                info = infos[f] = pricer.gpu_info((sole, f), per, models)
+            d += info[0]  # type: ignore[index]
+        lo = infos[picked[0]][1]  # type: ignore[index]  # keys every chosen GPU keeps room for
+        hi = infos[picked[-1]][2]  # type: ignore[index]  # keys some chosen GPU crosses: lo..hi-1
+        d += count * per * pricer.room_prefix((n, idx))[0][lo]
+        if hi > lo:
+            ks = pricer.keys_for(sole)
+            total = running[-1]
+            for j in range(lo, hi):
+                k, q = ks[j]
+                dr = du = 0
+                for f in picked:
+                    if f >= q:
+                        if f - per >= q:
+                            du -= per
+                        else:
+                            dr -= 1
+                            du -= f
+                room, usable = n - idx[j], total - running[idx[j]]
+                row = pricer.coefficient_row(k, room)
+                a1, b1 = row[room + dr]
+                a0, b0 = row[room]
+                d -= a1 * (usable + du) + b1 - a0 * usable - b0
+        # The positions: every GPU with room below the last picked free, then the first ones at it.
+        last = picked[-1]
+        at_last = count - (bisect_left(vals, last) - i0)
+        chosen = []
+        for i, (_, f) in enumerate(gpus):
+            if per <= f < last:
+                chosen.append(i)
+            elif f == last and at_last:
+                chosen.append(i)
+                at_last -= 1
+        return self._finish(d, sum(picked) - per * count, tuple(chosen), gpus, per, None, running[-1])
 
     def _finish(
         self,
