@@ -483,8 +483,8 @@ Prefix = tuple[
 ]
 
 
-# `_Pricer.node_sig`: ((GPUs, key positions), running sums, sole model or None, sorted frees, distinct frees).
-NodeSig = tuple[tuple[int, tuple[int, ...]], tuple[int, ...], str | None, tuple[int, ...], tuple[int, ...]]
+# `_Pricer.node_sig`: ((GPUs, key positions), sole model or None, sorted frees).
+NodeSig = tuple[tuple[int, tuple[int, ...]], str | None, tuple[int, ...]]
 
 
 class _Pricer:
@@ -526,7 +526,7 @@ class _Pricer:
         self._gpu_infos: dict[tuple[int, tuple[str, ...], str], dict[int, tuple[int, int, int] | bool]] = {}
         # GPU view -> `node_sig`; FragPolicy hands it on to the next pricer while `all_qs` is the same.
         self.node_sigs: dict[GpuView, NodeSig] = {}
-        self._room_prefixes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self.room_prefixes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -638,19 +638,16 @@ class _Pricer:
         """What the fast paths need of a node's GPUs when the keys are unrestricted (`all_qs` not
         None), a pure function of the GPUs and `all_qs` (so a new table with the same keys keeps it):
         - (GPUs, positions where the sorted frees reach each key's per_gpu): the node's room per key,
-          which picks the shared `room_prefix`;
-        - running sums of the sorted frees from 0: its usable capacity per key;
+          which picks the shared `room_prefix` (the usable capacity for key j: `sum(frees[idx[j]:])`);
         - the one GPU model of the node (None: none or several);
-        - its frees sorted, and its distinct frees ascending (the candidates of a single-GPU share)."""
-        vals = sorted([f for _, f in gpus])
+        - its frees, sorted."""
+        vals = tuple(sorted(map(itemgetter(1), gpus)))
         qs = self.all_qs or ()
-        models = {m for m, _ in gpus}
+        models = set(map(itemgetter(0), gpus))
         v = (
             (len(vals), tuple(map(bisect_left, repeat(vals, len(qs)), qs))),
-            tuple(accumulate(vals, initial=0)),
             models.pop() if len(models) == 1 else None,
-            tuple(vals),
-            tuple(dict.fromkeys(vals)),
+            vals,
         )
         if len(self.node_sigs) >= FragPolicy.MEMO_LIMIT:
             self.node_sigs.clear()
@@ -660,12 +657,12 @@ class _Pricer:
     def room_prefix(self, sig: tuple[int, tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
         """`by_rooms` for a node with this `node_sig` signature (rooms `n - idx`), memoised on it: few
         differ among many nodes (a few hundred among 5,000)."""
-        v = self._room_prefixes.get(sig)
+        v = self.room_prefixes.get(sig)
         if v is None:
-            if len(self._room_prefixes) >= 100_000:
-                self._room_prefixes.clear()
+            if len(self.room_prefixes) >= 100_000:
+                self.room_prefixes.clear()
             n, idx = sig
-            v = self._room_prefixes[sig] = self.by_rooms("", tuple([n - i for i in idx]))
+            v = self.room_prefixes[sig] = self.by_rooms("", tuple([n - i for i in idx]))
         return v
 
     def by_rooms(
@@ -967,17 +964,22 @@ class FragPolicy(_ViewPolicy):
             sig_entry = pricer.node_sigs.get(gpus)
             if sig_entry is None:
                 sig_entry = pricer.node_sig(gpus)
-            sig, running, sole, _, uniq = sig_entry
+            sig, sole, vals = sig_entry
             idx = sig[1]
-            stay, cross_free, cross_usable, cross_const = pricer.room_prefix(sig)
-            total = running[-1]
+            prefix = pricer.room_prefixes.get(sig)
+            stay, cross_free, cross_usable, cross_const = prefix or pricer.room_prefix(sig)
+            total = sum(vals)
             best_d = best_left = 0
             best = None
             if sole is not None:  # one model: the candidates are the distinct frees with room
                 if models and not _model_allowed(models, sole):
                     return None
                 infos = pricer.one_gpu_infos(per, models, sole)
-                for f in uniq[bisect_left(uniq, per) :]:
+                prev = -1
+                for f in vals[bisect_left(vals, per) :]:
+                    if f == prev:
+                        continue
+                    prev = f
                     info = infos.get(f)
                     if info is None:
                         info = infos[f] = pricer.gpu_info((sole, f), per, models)
@@ -986,7 +988,7 @@ class FragPolicy(_ViewPolicy):
                     if hi > lo:
                         d += f * (cross_free[hi] - cross_free[lo])
                         for j in range(lo, hi):
-                            d += cross_usable[j] * (total - running[idx[j]]) + cross_const[j]
+                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
                     if best is None or d < best_d:
                         best_d, best_left, best = d, f - per, f
                 if best is None:
@@ -1006,7 +1008,7 @@ class FragPolicy(_ViewPolicy):
                     if hi > lo:
                         d += f * (cross_free[hi] - cross_free[lo])
                         for j in range(lo, hi):
-                            d += cross_usable[j] * (total - running[idx[j]]) + cross_const[j]
+                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
                     a = f - per
                     if best is None or d < best_d or (d == best_d and a < best_left):
                         best_d, best_left, best = d, a, g
@@ -1057,7 +1059,7 @@ class FragPolicy(_ViewPolicy):
             sig_entry = pricer.node_sigs.get(gpus)
             if sig_entry is None:
                 sig_entry = pricer.node_sig(gpus)
-            if sig_entry[2] is not None:
+            if sig_entry[1] is not None:
                 return self._evaluate_gpus_one_model(gpus, per, count, models, pricer, sig_entry)
         elig = [(f, i) for i, (m, f) in enumerate(gpus) if f >= per and (not models or _model_allowed(models, m))]
         if len(elig) < count:
@@ -1113,11 +1115,11 @@ class FragPolicy(_ViewPolicy):
         """`_evaluate_gpus` on a node of one GPU model with unrestricted keys, from its `node_sig`: the
         best-fit GPUs are the `count` least frees with room (lowest positions on ties), and their price
         is `_Pricer.delta`'s, with every key's room and usable capacity read off the sorted frees."""
-        sole = sig_entry[2]
+        sole = sig_entry[1]
         assert sole is not None
         if models and not _model_allowed(models, sole):
             return None
-        (n, idx), running, _, vals, _ = sig_entry
+        (n, idx), _, vals = sig_entry
         i0 = bisect_left(vals, per)
         if n - i0 < count:
             return None
@@ -1134,7 +1136,6 @@ class FragPolicy(_ViewPolicy):
         d += count * per * pricer.room_prefix((n, idx))[0][lo]
         if hi > lo:
             ks = pricer.keys_for(sole)
-            total = running[-1]
             for j in range(lo, hi):
                 k, q = ks[j]
                 dr = du = 0
@@ -1145,7 +1146,7 @@ class FragPolicy(_ViewPolicy):
                         else:
                             dr -= 1
                             du -= f
-                room, usable = n - idx[j], total - running[idx[j]]
+                room, usable = n - idx[j], sum(vals[idx[j] :])
                 row = pricer.coefficient_row(k, room)
                 a1, b1 = row[room + dr]
                 a0, b0 = row[room]
@@ -1160,7 +1161,7 @@ class FragPolicy(_ViewPolicy):
             elif f == last and at_last:
                 chosen.append(i)
                 at_last -= 1
-        return self._finish(d, sum(picked) - per * count, tuple(chosen), gpus, per, None, running[-1])
+        return self._finish(d, sum(picked) - per * count, tuple(chosen), gpus, per, None, sum(vals))
 
     def _finish(
         self,
