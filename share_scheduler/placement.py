@@ -483,8 +483,23 @@ Prefix = tuple[
 ]
 
 
-# `_Pricer.node_sig`: ((GPUs, key positions), sole model or None, sorted frees).
-NodeSig = tuple[tuple[int, tuple[int, ...]], str | None, tuple[int, ...]]
+# `_Pricer.node_sig`: (keys each GPU has room for, by free ascending; sole model or None; sorted frees).
+NodeSig = tuple[tuple[int, ...], str | None, tuple[int, ...]]
+# `_Pricer.room_prefix`: `by_rooms`'s stay, cross_free, cross_usable, cross_const, then per key where
+# room for it starts in the node's sorted frees.
+RoomPrefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+class _RoomsOf(dict):
+    """free -> how many of the keys' per_gpu (ascending, `qs`) a GPU with that many units reaches."""
+
+    def __init__(self, qs: tuple[int, ...]) -> None:
+        super().__init__()
+        self.qs = qs
+
+    def __missing__(self, free: int) -> int:
+        v = self[free] = bisect_right(self.qs, free)
+        return v
 
 
 class _Pricer:
@@ -526,7 +541,8 @@ class _Pricer:
         self._gpu_infos: dict[tuple[int, tuple[str, ...], str], dict[int, tuple[int, int, int] | bool]] = {}
         # GPU view -> `node_sig`; FragPolicy hands it on to the next pricer while `all_qs` is the same.
         self.node_sigs: dict[GpuView, NodeSig] = {}
-        self.room_prefixes: dict[tuple[int, tuple[int, ...]], tuple[tuple[int, ...], ...]] = {}
+        self._rooms_of = _RoomsOf(self.all_qs or ())
+        self.room_prefixes: dict[tuple[int, ...], RoomPrefix] = {}
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -637,32 +653,30 @@ class _Pricer:
     def node_sig(self, gpus: GpuView) -> NodeSig:
         """What the fast paths need of a node's GPUs when the keys are unrestricted (`all_qs` not
         None), a pure function of the GPUs and `all_qs` (so a new table with the same keys keeps it):
-        - (GPUs, positions where the sorted frees reach each key's per_gpu): the node's room per key,
-          which picks the shared `room_prefix` (the usable capacity for key j: `sum(frees[idx[j]:])`);
+        - per GPU, by free ascending, how many keys it has room for: the node's room per key, which
+          picks the shared `room_prefix`;
         - the one GPU model of the node (None: none or several);
-        - its frees, sorted."""
+        - its frees, sorted (the usable capacity for key j: `sum(frees[idx[j]:])`, `idx` from
+          `room_prefix`)."""
         vals = tuple(sorted(map(itemgetter(1), gpus)))
-        qs = self.all_qs or ()
         models = set(map(itemgetter(0), gpus))
-        v = (
-            (len(vals), tuple(map(bisect_left, repeat(vals, len(qs)), qs))),
-            models.pop() if len(models) == 1 else None,
-            vals,
-        )
+        v = (tuple(map(self._rooms_of.__getitem__, vals)), models.pop() if len(models) == 1 else None, vals)
         if len(self.node_sigs) >= FragPolicy.MEMO_LIMIT:
             self.node_sigs.clear()
         self.node_sigs[gpus] = v
         return v
 
-    def room_prefix(self, sig: tuple[int, tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
-        """`by_rooms` for a node with this `node_sig` signature (rooms `n - idx`), memoised on it: few
-        differ among many nodes (a few hundred among 5,000)."""
+    def room_prefix(self, sig: tuple[int, ...]) -> RoomPrefix:
+        """`by_rooms` for a node with this `node_sig` signature, and per key the position in the
+        node's sorted frees where room for it starts (`idx`); memoised on the signature: few differ
+        among many nodes (a few hundred among 5,000)."""
         v = self.room_prefixes.get(sig)
         if v is None:
             if len(self.room_prefixes) >= 100_000:
                 self.room_prefixes.clear()
-            n, idx = sig
-            v = self.room_prefixes[sig] = self.by_rooms("", tuple([n - i for i in idx]))
+            idx = tuple([bisect_right(sig, j) for j in range(len(self.all_qs or ()))])
+            n = len(sig)
+            v = self.room_prefixes[sig] = (*self.by_rooms("", tuple([n - i for i in idx])), idx)
         return v
 
     def by_rooms(
@@ -968,9 +982,8 @@ class FragPolicy(_ViewPolicy):
             if sig_entry is None:
                 sig_entry = pricer.node_sig(gpus)
             sig, sole, vals = sig_entry
-            idx = sig[1]
             prefix = pricer.room_prefixes.get(sig)
-            stay, cross_free, cross_usable, cross_const = prefix or pricer.room_prefix(sig)
+            stay, cross_free, cross_usable, cross_const, idx = prefix or pricer.room_prefix(sig)
             total = sum(vals)
             best_d = best_left = 0
             best = None
@@ -1122,7 +1135,8 @@ class FragPolicy(_ViewPolicy):
         assert sole is not None
         if models and not _model_allowed(models, sole):
             return None
-        (n, idx), _, vals = sig_entry
+        sig, _, vals = sig_entry
+        n = len(vals)
         i0 = bisect_left(vals, per)
         if n - i0 < count:
             return None
@@ -1136,7 +1150,9 @@ class FragPolicy(_ViewPolicy):
             d += info[0]  # type: ignore[index]
         lo = infos[picked[0]][1]  # type: ignore[index]  # keys every chosen GPU keeps room for
         hi = infos[picked[-1]][2]  # type: ignore[index]  # keys some chosen GPU crosses: lo..hi-1
-        d += count * per * pricer.room_prefix((n, idx))[0][lo]
+        prefix = pricer.room_prefix(sig)
+        idx = prefix[4]
+        d += count * per * prefix[0][lo]
         if hi > lo:
             ks = pricer.keys_for(sole)
             for j in range(lo, hi):
