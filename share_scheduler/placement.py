@@ -1009,7 +1009,14 @@ class FragPolicy(_ViewPolicy):
                         best_d, best_left, best = d, f - per, f
                 if best is None:
                     return None
-                pos = gpus.index((sole, best))
+                # `_finish` for one GPU without CPU, written out (the same float operations in the
+                # same order, so the same score): this runs once per distinct node state.
+                delta_f = best_d / pricer.total_w if best_d else 0.0
+                if self.pressure:
+                    mp = self._pressure.get(sole)
+                    delta_f += self.pressure * (self.model_pressure(sole) if mp is None else mp) * per
+                score = -(delta_f + 1e-7 * best_left + 1e-10 * (total - per + 0.0))
+                return score, (gpus.index((sole, best)),)
             else:  # several models: each distinct GPU state, in the order of its first position
                 for g in dict.fromkeys(gpus):
                     m, f = g
