@@ -534,10 +534,11 @@ class _Pricer:
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
         self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
-        self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
+        self.coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
         self._unrestricted = all(not models for models, _ in self.keys)
         # With no key restricted to GPU models, every model sees every key, by per_gpu ascending.
         self.all_qs = tuple(sorted(q for _, q in self.keys)) if self._unrestricted else None
+        self._multi_infos: dict[tuple[int, tuple[str, ...], str], dict] = {}
         self._gpu_infos: dict[tuple[int, tuple[str, ...], str], dict[int, tuple[int, int, int] | bool]] = {}
         # GPU view -> `node_sig`; FragPolicy hands it on to the next pricer while `all_qs` is the same.
         self.node_sigs: dict[GpuView, NodeSig] = {}
@@ -638,6 +639,47 @@ class _Pricer:
             d = self._gpu_infos[key] = {}
         return d
 
+    def multi_infos(
+        self, per: int, models: tuple[str, ...], model: str
+    ) -> dict[tuple[int, ...], tuple[int, int, tuple[tuple[int, int, int, int], ...]]]:
+        """frees of the chosen GPUs (ascending) -> `multi_info(model, per, models, frees)`, lazily."""
+        key = (per, models, model)
+        d = self._multi_infos.get(key)
+        if d is None:
+            if len(self._multi_infos) >= 1024:
+                self._multi_infos.clear()
+            d = self._multi_infos[key] = {}
+        return d
+
+    def multi_info(
+        self, model: str, per: int, models: tuple[str, ...], picked: tuple[int, ...]
+    ) -> tuple[int, int, tuple[tuple[int, int, int, int], ...]]:
+        """What a share of `per` on each of GPUs of `model` with frees `picked` (ascending, each with
+        room) costs whatever node they are on: (the single-GPU groups' cost plus the free capacity
+        taken; the first key (of `all_qs`) not every chosen GPU stays above; per key some chosen GPU
+        crosses or leaves room in, (key position, key index, change of its room, change of its usable
+        capacity)). `_Pricer.delta`'s terms less the node's room and usable capacity per key."""
+        d = 0
+        for f in picked:
+            d += self.value(model, f) - self.value(model, f - per) - per * self.total_w
+        qs = self.all_qs or ()
+        lo = bisect_right(qs, picked[0] - per)  # keys every chosen GPU keeps room for
+        moves = []
+        ks = self.keys_for(model)
+        for j in range(lo, bisect_right(qs, picked[-1], lo)):
+            k, q = ks[j]
+            dr = du = 0
+            for f in picked:
+                if f >= q:
+                    if f - per >= q:
+                        du -= per
+                    else:
+                        dr -= 1
+                        du -= f
+            if dr or du:
+                moves.append((j, k, dr, du))
+        return d, lo, tuple(moves)
+
     def gpu_info(self, gpu: tuple[str, int], per: int, models: tuple[str, ...]) -> tuple[int, int, int] | bool:
         """For taking `per` units from `gpu`: (what it costs the single-GPU groups, plus the free
         capacity it removes; the first key (of `all_qs`) it does not stay above; the first it stays
@@ -715,7 +757,7 @@ class _Pricer:
 
     def coefficient_row(self, k: int, room: int) -> list[tuple[int, int]]:
         """`coefficients(k, r)` for r = 0..room at least, as a list (read by index in hot loops)."""
-        row = self._coef_rows[k]
+        row = self.coef_rows[k]
         while len(row) <= room:
             row.append(self.coefficients(k, len(row)))
         return row
@@ -950,8 +992,11 @@ class FragPolicy(_ViewPolicy):
             self._last = (demand, memo, outer)
         ev = memo.get(view, _MISSING)
         if ev is _MISSING:
-            if view[1] is None and demand.count == 1:  # the extender's common case: one call less
-                ev = self._evaluate_one_gpu(view, demand, self._pricer)
+            if view[1] is None:  # the extender's case: one call less
+                if demand.count == 1:
+                    ev = self._evaluate_one_gpu(view, demand, self._pricer)
+                else:
+                    ev = self._evaluate_gpus(view, demand, self._pricer)
             else:
                 ev = self._evaluate(view, demand)
             if self._eval_size >= self.MEMO_LIMIT:  # start afresh
@@ -1148,32 +1193,23 @@ class FragPolicy(_ViewPolicy):
         if n - i0 < count:
             return None
         picked = vals[i0 : i0 + count]
-        infos = pricer.one_gpu_infos(per, models, sole)
-        d = 0
-        for f in picked:
-            info = infos.get(f)
-            if info is None:
-                info = infos[f] = pricer.gpu_info((sole, f), per, models)
-            d += info[0]  # type: ignore[index]
-        lo = infos[picked[0]][1]  # type: ignore[index]  # keys every chosen GPU keeps room for
-        hi = infos[picked[-1]][2]  # type: ignore[index]  # keys some chosen GPU crosses: lo..hi-1
-        prefix = pricer.room_prefix(sig)
-        idx = prefix[4]
-        d += count * per * prefix[0][lo]
-        if hi > lo:
-            ks = pricer.keys_for(sole)
-            for j in range(lo, hi):
-                k, q = ks[j]
-                dr = du = 0
-                for f in picked:
-                    if f >= q:
-                        if f - per >= q:
-                            du -= per
-                        else:
-                            dr -= 1
-                            du -= f
-                room, usable = n - idx[j], sum(vals[idx[j] :])
-                row = pricer.coefficient_row(k, room)
+        shares = pricer.multi_infos(per, models, sole)
+        info = shares.get(picked)
+        if info is None:
+            info = shares[picked] = pricer.multi_info(sole, per, models, picked)
+        d, lo, moves = info
+        stay, _, _, _, idx = pricer.room_prefix(sig)
+        d += count * per * stay[lo]
+        if moves:  # the keys some chosen GPU crosses: their room and usable capacity on this node
+            running = tuple(accumulate(vals, initial=0))
+            total = running[-1]
+            rows = pricer.coef_rows
+            for j, k, dr, du in moves:
+                i = idx[j]
+                room, usable = n - i, total - running[i]
+                row = rows[k]
+                if len(row) <= room:
+                    row = pricer.coefficient_row(k, room)
                 a1, b1 = row[room + dr]
                 a0, b0 = row[room]
                 d -= a1 * (usable + du) + b1 - a0 * usable - b0
