@@ -313,3 +313,19 @@ def test_shared_state_tables_decide_exactly_as_a_recount(seed):
             assert p._pricer.keys != keys
         assert p._pricer.all_qs is not None  # the shared tables' path, not the general one
         assert p._pricer.node_sigs or rebuild
+
+
+def test_before_any_pod_is_seen_frag_places_as_binpack():
+    """docs/policies.md: with nothing learned, frag is best fit (GPU, then node), as binpack is."""
+    from share_scheduler.placement import GpuSlot, NodeState, best_node, make_policy
+
+    rng = random.Random(9)
+    nodes = [
+        NodeState(f"n{i}", tuple(GpuSlot(g, "A100", 80, rng.choice((0, 10, 30, 50, 80))) for g in range(4)))
+        for i in range(300)
+    ]
+    for d in (Demand(10), Demand(30), Demand(20, 2), Demand(50, 3)):
+        frag, binpack = make_policy("frag"), make_policy("binpack")
+        chosen = best_node(nodes, d, frag)
+        assert chosen is not None and chosen == best_node(nodes, d, binpack), d
+        assert frag.choose(chosen, d) == binpack.choose(chosen, d), d
