@@ -17,7 +17,7 @@ The garbage collector is set up as the server sets it up once its cache is built
 (`syncer.settle_gc`: the objects built so far frozen, rarer collections); `--default-gc` leaves
 CPython's defaults, under which full collections walk every memo every few pods.
 
-    python bench/bench_policy.py [--nodes 5000] [--binds 40] [--policy frag,binpack] [--default-gc]
+    python bench/bench_policy.py [--nodes 5000] [--binds 40] [--policy frag,binpack] [--default-gc] [--per-pod]
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--binds", type=int, default=40)
     ap.add_argument("--policy", default=",".join(POLICIES))
     ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
+    ap.add_argument("--per-pod", action="store_true", help="also print every pod's size and scoring time (ms)")
     args = ap.parse_args()
     print(f"{args.nodes} nodes x 8 GPUs; per pod: score every node (ms), then choose on the best (us)")
     print(
@@ -112,6 +113,8 @@ def main() -> None:
             f"{name:<10}{scores[0] * 1e3:>9.1f}{p50 * 1e3:>9.1f}{p99 * 1e3:>9.1f}{new_size * 1e3:>10.1f}"
             f"{p50 / args.nodes * 1e6:>15.2f}{statistics.mean(binds) * 1e6:>11.1f}{max(cpu) * 1e3:>9.1f}"
         )
+        if args.per_pod:
+            print("  " + " ".join(f"{d.per_gpu}x{d.count}:{s * 1e3:.1f}" for d, s in zip(demands, scores, strict=True)))
         if not args.default_gc:
             gc.unfreeze()  # the next policy starts from the same state
 

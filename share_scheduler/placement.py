@@ -483,6 +483,25 @@ Prefix = tuple[
 ]
 
 
+# `_Pricer.node_sig`: (keys each GPU has room for, by free ascending; sole model or None; sorted frees).
+NodeSig = tuple[tuple[int, ...], str | None, tuple[int, ...]]
+# `_Pricer.room_prefix`: `by_rooms`'s stay, cross_free, cross_usable, cross_const, then per key where
+# room for it starts in the node's sorted frees.
+RoomPrefix = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+class _RoomsOf(dict):
+    """free -> how many of the keys' per_gpu (ascending, `qs`) a GPU with that many units reaches."""
+
+    def __init__(self, qs: tuple[int, ...]) -> None:
+        super().__init__()
+        self.qs = qs
+
+    def __missing__(self, free: int) -> int:
+        v = self[free] = bisect_right(self.qs, free)
+        return v
+
+
 class _Pricer:
     """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
 
@@ -515,8 +534,16 @@ class _Pricer:
         self._crossing: tuple[list[tuple[int, int, int, int]], ...] = tuple([] for _ in self.keys)
         self._qs: dict[str, tuple[int, ...]] = {}
         self._single_loss: dict[int, dict[tuple[str, int], int]] = {}
-        self._coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
+        self.coef_rows: tuple[list[tuple[int, int]], ...] = tuple([] for _ in self.keys)
         self._unrestricted = all(not models for models, _ in self.keys)
+        # With no key restricted to GPU models, every model sees every key, by per_gpu ascending.
+        self.all_qs = tuple(sorted(q for _, q in self.keys)) if self._unrestricted else None
+        self._multi_infos: dict[tuple[int, tuple[str, ...], str], dict] = {}
+        self._gpu_infos: dict[tuple[int, tuple[str, ...], str], dict[int, tuple[int, int, int] | bool]] = {}
+        # GPU view -> `node_sig`; FragPolicy hands it on to the next pricer while `all_qs` is the same.
+        self.node_sigs: dict[GpuView, NodeSig] = {}
+        self._rooms_of = _RoomsOf(self.all_qs or ())
+        self.room_prefixes: dict[tuple[int, ...], RoomPrefix] = {}
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -601,6 +628,99 @@ class _Pricer:
             rooms, usables = tuple(room_list), tuple(usable_list)
         return (qs, *self.by_rooms(model, rooms), rooms, usables)
 
+    def one_gpu_infos(self, per: int, models: tuple[str, ...], model: str) -> dict[int, tuple[int, int, int] | bool]:
+        """free -> `gpu_info((model, free), per, models)`, filled lazily: what a share of this size and
+        model set needs to know of one GPU of `model`, whatever node it is on."""
+        key = (per, models, model)
+        d = self._gpu_infos.get(key)
+        if d is None:
+            if len(self._gpu_infos) >= 1024:  # many sizes seen since the table was built: start afresh
+                self._gpu_infos.clear()
+            d = self._gpu_infos[key] = {}
+        return d
+
+    def multi_infos(
+        self, per: int, models: tuple[str, ...], model: str
+    ) -> dict[tuple[int, ...], tuple[int, int, tuple[tuple[int, int, int, int], ...]]]:
+        """frees of the chosen GPUs (ascending) -> `multi_info(model, per, models, frees)`, lazily."""
+        key = (per, models, model)
+        d = self._multi_infos.get(key)
+        if d is None:
+            if len(self._multi_infos) >= 1024:
+                self._multi_infos.clear()
+            d = self._multi_infos[key] = {}
+        return d
+
+    def multi_info(
+        self, model: str, per: int, models: tuple[str, ...], picked: tuple[int, ...]
+    ) -> tuple[int, int, tuple[tuple[int, int, int, int], ...]]:
+        """What a share of `per` on each of GPUs of `model` with frees `picked` (ascending, each with
+        room) costs whatever node they are on: (the single-GPU groups' cost plus the free capacity
+        taken; the first key (of `all_qs`) not every chosen GPU stays above; per key some chosen GPU
+        crosses or leaves room in, (key position, key index, change of its room, change of its usable
+        capacity)). `_Pricer.delta`'s terms less the node's room and usable capacity per key."""
+        d = 0
+        for f in picked:
+            d += self.value(model, f) - self.value(model, f - per) - per * self.total_w
+        qs = self.all_qs or ()
+        lo = bisect_right(qs, picked[0] - per)  # keys every chosen GPU keeps room for
+        moves = []
+        ks = self.keys_for(model)
+        for j in range(lo, bisect_right(qs, picked[-1], lo)):
+            k, q = ks[j]
+            dr = du = 0
+            for f in picked:
+                if f >= q:
+                    if f - per >= q:
+                        du -= per
+                    else:
+                        dr -= 1
+                        du -= f
+            if dr or du:
+                moves.append((j, k, dr, du))
+        return d, lo, tuple(moves)
+
+    def gpu_info(self, gpu: tuple[str, int], per: int, models: tuple[str, ...]) -> tuple[int, int, int] | bool:
+        """For taking `per` units from `gpu`: (what it costs the single-GPU groups, plus the free
+        capacity it removes; the first key (of `all_qs`) it does not stay above; the first it stays
+        below): `delta_one` less the parts that depend on the node. False: the GPU cannot take it."""
+        m, f = gpu
+        if f < per or (models and not _model_allowed(models, m)):
+            return False
+        a = f - per
+        qs = self.all_qs or ()
+        lo = bisect_right(qs, a)
+        return self.value(m, f) - self.value(m, a) - per * self.total_w, lo, bisect_right(qs, f, lo)
+
+    def node_sig(self, gpus: GpuView) -> NodeSig:
+        """What the fast paths need of a node's GPUs when the keys are unrestricted (`all_qs` not
+        None), a pure function of the GPUs and `all_qs` (so a new table with the same keys keeps it):
+        - per GPU, by free ascending, how many keys it has room for: the node's room per key, which
+          picks the shared `room_prefix`;
+        - the one GPU model of the node (None: none or several);
+        - its frees, sorted (the usable capacity for key j: `sum(frees[idx[j]:])`, `idx` from
+          `room_prefix`)."""
+        vals = tuple(sorted(map(itemgetter(1), gpus)))
+        models = set(map(itemgetter(0), gpus))
+        v = (tuple(map(self._rooms_of.__getitem__, vals)), models.pop() if len(models) == 1 else None, vals)
+        if len(self.node_sigs) >= FragPolicy.MEMO_LIMIT:
+            self.node_sigs.clear()
+        self.node_sigs[gpus] = v
+        return v
+
+    def room_prefix(self, sig: tuple[int, ...]) -> RoomPrefix:
+        """`by_rooms` for a node with this `node_sig` signature, and per key the position in the
+        node's sorted frees where room for it starts (`idx`); memoised on the signature: few differ
+        among many nodes (a few hundred among 5,000)."""
+        v = self.room_prefixes.get(sig)
+        if v is None:
+            if len(self.room_prefixes) >= 100_000:
+                self.room_prefixes.clear()
+            idx = tuple([bisect_right(sig, j) for j in range(len(self.all_qs or ()))])
+            n = len(sig)
+            v = self.room_prefixes[sig] = (*self.by_rooms("", tuple([n - i for i in idx])), idx)
+        return v
+
     def by_rooms(
         self, model: str, rooms: tuple[int, ...]
     ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
@@ -637,7 +757,7 @@ class _Pricer:
 
     def coefficient_row(self, k: int, room: int) -> list[tuple[int, int]]:
         """`coefficients(k, r)` for r = 0..room at least, as a list (read by index in hot loops)."""
-        row = self._coef_rows[k]
+        row = self.coef_rows[k]
         while len(row) <= room:
             row.append(self.coefficients(k, len(row)))
         return row
@@ -787,6 +907,8 @@ class FragPolicy(_ViewPolicy):
                         self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
                     if pricer.keys != self._pricer.keys:
                         self._sums_memo = {}
+                    if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
+                        pricer.node_sigs = self._pricer.node_sigs  # the nodes' room positions stand
                     self._table, self._pricer = table, pricer
                     self._table_observed = self._observed
                     self._pressure = {}
@@ -870,7 +992,13 @@ class FragPolicy(_ViewPolicy):
             self._last = (demand, memo, outer)
         ev = memo.get(view, _MISSING)
         if ev is _MISSING:
-            ev = self._evaluate(view, demand)
+            if view[1] is None:  # the extender's case: one call less
+                if demand.count == 1:
+                    ev = self._evaluate_one_gpu(view, demand, self._pricer)
+                else:
+                    ev = self._evaluate_gpus(view, demand, self._pricer)
+            else:
+                ev = self._evaluate(view, demand)
             if self._eval_size >= self.MEMO_LIMIT:  # start afresh
                 memo = {}
                 self._eval_memo = {demand: memo}
@@ -889,6 +1017,73 @@ class FragPolicy(_ViewPolicy):
         if mem_free is not None and mem_free < demand.memory:
             return None
         per, models = demand.per_gpu, demand.models
+        if pricer.all_qs is not None:
+            # No key restricted to models: the node enters through its sorted frees alone. Where they
+            # reach each key's per_gpu (its room per key) picks running sums shared by every node with
+            # the same room counts; what depends on one GPU alone is looked up per GPU state; only the
+            # keys a share crosses need this node's usable capacity. `delta_one`, exactly, and the same
+            # candidate wins: the least price, then the least left (distinct for distinct frees).
+            sig_entry = pricer.node_sigs.get(gpus)
+            if sig_entry is None:
+                sig_entry = pricer.node_sig(gpus)
+            sig, sole, vals = sig_entry
+            prefix = pricer.room_prefixes.get(sig)
+            stay, cross_free, cross_usable, cross_const, idx = prefix or pricer.room_prefix(sig)
+            total = sum(vals)
+            best_d = best_left = 0
+            best = None
+            if sole is not None:  # one model: the candidates are the distinct frees with room
+                if models and not _model_allowed(models, sole):
+                    return None
+                infos = pricer.one_gpu_infos(per, models, sole)
+                prev = -1
+                for f in vals[bisect_left(vals, per) :]:
+                    if f == prev:
+                        continue
+                    prev = f
+                    info = infos.get(f)
+                    if info is None:
+                        info = infos[f] = pricer.gpu_info((sole, f), per, models)
+                    d, lo, hi = info  # type: ignore[misc]
+                    d += per * stay[lo]
+                    if hi > lo:
+                        d += f * (cross_free[hi] - cross_free[lo])
+                        for j in range(lo, hi):
+                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
+                    if best is None or d < best_d:
+                        best_d, best_left, best = d, f - per, f
+                if best is None:
+                    return None
+                # `_finish` for one GPU without CPU, written out (the same float operations in the
+                # same order, so the same score): this runs once per distinct node state.
+                delta_f = best_d / pricer.total_w if best_d else 0.0
+                if self.pressure:
+                    mp = self._pressure.get(sole)
+                    delta_f += self.pressure * (self.model_pressure(sole) if mp is None else mp) * per
+                score = -(delta_f + 1e-7 * best_left + 1e-10 * (total - per + 0.0))
+                return score, (gpus.index((sole, best)),)
+            else:  # several models: each distinct GPU state, in the order of its first position
+                for g in dict.fromkeys(gpus):
+                    m, f = g
+                    infos = pricer.one_gpu_infos(per, models, m)
+                    info = infos.get(f)
+                    if info is None:
+                        info = infos[f] = pricer.gpu_info(g, per, models)
+                    if info is False:
+                        continue
+                    d, lo, hi = info  # type: ignore[misc]
+                    d += per * stay[lo]
+                    if hi > lo:
+                        d += f * (cross_free[hi] - cross_free[lo])
+                        for j in range(lo, hi):
+                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
+                    a = f - per
+                    if best is None or d < best_d or (d == best_d and a < best_left):
+                        best_d, best_left, best = d, a, g
+                if best is None:
+                    return None
+                pos = gpus.index(best)
+            return self._finish(best_d, best_left, (pos,), gpus, per, None, total)
         # What the single-GPU groups lose when this demand takes one GPU (model, free): the same on
         # every node, so one dict per size serves them all.
         single = pricer.single_loss(per)
@@ -928,6 +1123,12 @@ class FragPolicy(_ViewPolicy):
         if mem_free is not None and mem_free < demand.memory:
             return None
         per, count, models = demand.per_gpu, demand.count, demand.models
+        if pricer.all_qs is not None and count > 1:
+            sig_entry = pricer.node_sigs.get(gpus)
+            if sig_entry is None:
+                sig_entry = pricer.node_sig(gpus)
+            if sig_entry[1] is not None:
+                return self._evaluate_gpus_one_model(gpus, per, count, models, pricer, sig_entry)
         elig = [(f, i) for i, (m, f) in enumerate(gpus) if f >= per and (not models or _model_allowed(models, m))]
         if len(elig) < count:
             return None
@@ -975,6 +1176,54 @@ class FragPolicy(_ViewPolicy):
         d = pricer.delta(self.key_sums(tuple(sorted(gpus)), pricer) if keys else (), changes)
         left = sum(f for f, _ in picked) - per * count
         return self._finish(d, left, chosen, gpus, per, None)
+
+    def _evaluate_gpus_one_model(
+        self, gpus: GpuView, per: int, count: int, models: tuple[str, ...], pricer: _Pricer, sig_entry: NodeSig
+    ) -> Evaluation:
+        """`_evaluate_gpus` on a node of one GPU model with unrestricted keys, from its `node_sig`: the
+        best-fit GPUs are the `count` least frees with room (lowest positions on ties), and their price
+        is `_Pricer.delta`'s, with every key's room and usable capacity read off the sorted frees."""
+        sole = sig_entry[1]
+        assert sole is not None
+        if models and not _model_allowed(models, sole):
+            return None
+        sig, _, vals = sig_entry
+        n = len(vals)
+        i0 = bisect_left(vals, per)
+        if n - i0 < count:
+            return None
+        picked = vals[i0 : i0 + count]
+        shares = pricer.multi_infos(per, models, sole)
+        info = shares.get(picked)
+        if info is None:
+            info = shares[picked] = pricer.multi_info(sole, per, models, picked)
+        d, lo, moves = info
+        stay, _, _, _, idx = pricer.room_prefix(sig)
+        d += count * per * stay[lo]
+        if moves:  # the keys some chosen GPU crosses: their room and usable capacity on this node
+            running = tuple(accumulate(vals, initial=0))
+            total = running[-1]
+            rows = pricer.coef_rows
+            for j, k, dr, du in moves:
+                i = idx[j]
+                room, usable = n - i, total - running[i]
+                row = rows[k]
+                if len(row) <= room:
+                    row = pricer.coefficient_row(k, room)
+                a1, b1 = row[room + dr]
+                a0, b0 = row[room]
+                d -= a1 * (usable + du) + b1 - a0 * usable - b0
+        # The positions: every GPU with room below the last picked free, then the first ones at it.
+        last = picked[-1]
+        at_last = count - (bisect_left(vals, last) - i0)
+        chosen = []
+        for i, (_, f) in enumerate(gpus):
+            if per <= f < last:
+                chosen.append(i)
+            elif f == last and at_last:
+                chosen.append(i)
+                at_last -= 1
+        return self._finish(d, sum(picked) - per * count, tuple(chosen), gpus, per, None, sum(vals))
 
     def _finish(
         self,

@@ -252,9 +252,10 @@ def test_samples_run_with_the_env_of_their_annotations(cluster: Cluster) -> None
     c.cp.kubectl("create", "namespace", SAMPLES_NS)
     _poll(lambda: c.cp.kubectl("get", "sa", "default", "-n", SAMPLES_NS, check=False).returncode == 0, 30, "default sa")
     t0 = time.monotonic()
-    # Pods restricted to a GPU model first, bound before the others arrive: binpack fills the fullest
-    # GPU that fits, and on one small T4 the unrestricted samples, bound in whatever order kube-scheduler
-    # takes them (v1.37.2 took another than v1.36.3), can leave too little for the T4-only pod.
+    # Pods restricted to a GPU model first, bound before the others arrive: whatever the policy (the
+    # chart's default, frag; binpack before it), the unrestricted samples on one small T4, bound in
+    # whatever order kube-scheduler takes them (v1.37.2 took another than v1.36.3), can leave too little
+    # for the T4-only pod.
     constrained = [d for d in docs if _constrained(d)]
     for batch in (constrained, [d for d in docs if not _constrained(d)]):
         c.cp.kubectl(

@@ -438,9 +438,17 @@ def test_extender_options_parse(docs: list[Obj]) -> None:
     from share_scheduler.cli import build_parser
 
     args = build_parser().parse_args(h.container(deployment(docs), "extender")["args"])
-    assert args.policy in {"binpack", "spread"}
+    assert args.policy in {"frag", "spread"}
     assert args.memory_unit in {"GiB", "MiB"}
     assert args.log_level in {"INFO", "DEBUG"}
+
+
+def test_default_policy_is_frag(default_docs: list[Obj]) -> None:
+    """The chart's default placement is frag (docs/policies.md, "Why frag is the default")."""
+    from share_scheduler.cli import build_parser
+
+    args = build_parser().parse_args(h.container(deployment(default_docs), "extender")["args"])
+    assert args.policy == "frag"
 
 
 def test_memory_unit_reaches_plugin_and_extender(all_docs: list[Obj]) -> None:

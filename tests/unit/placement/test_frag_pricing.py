@@ -258,3 +258,74 @@ def test_the_pods_that_fill_a_node_share_its_cpu():
     assert float_fragmentation(g2, 96000, t, fill_weight=1.0, per_class_cpu=True) == pytest.approx(750)
     # 36 cores: the mix fills 36 / 7.5 = 4.8 GPUs, so 3.2 stay unused.
     assert fragmentation(g2, 36000, t, fill_weight=1.0) == pytest.approx(3200)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_state_tables_decide_exactly_as_a_recount(seed):
+    """The extender's case at scale: many nodes priced through the tables shared by nodes with the same
+    room counts (`_Pricer.node_sig`, `room_prefix`, `gpu_info`), sizes new and seen, single- and
+    multi-GPU, nodes of one model and of several, then a table rebuilt with the same keys (the nodes'
+    signatures carried over) and with new keys: every answer is the recount's."""
+    rng = random.Random(100 + seed)
+    unit = rng.choice((80, 1000))
+    sizes = (unit // 20, unit // 10, unit // 8, unit // 4, unit // 2, unit)
+    p = FragPolicy()
+    models_of = ((), (), ("a100",)) if seed % 2 else ((),)
+
+    def learn(n: int, counts: tuple[int, ...]) -> None:
+        for _ in range(n):
+            # Multi-GPU classes unrestricted (the keys' fast path); single-GPU ones sometimes restricted.
+            count = rng.choice(counts)
+            models = () if count > 1 else rng.choice(models_of)
+            p.observe(Demand(rng.choice(sizes), count, models))
+
+    def view():
+        model = rng.choice(MODELS)
+        gpus = []
+        for _ in range(rng.choice((1, 2, 4, 8, 8, 8))):
+            m = model if rng.random() < 0.9 else rng.choice(MODELS)
+            f = rng.choice((0, unit, unit, unit - sum(rng.choice(sizes) for _ in range(rng.randint(1, 3)))))
+            gpus.append((m, max(0, f)))
+        return (tuple(gpus), None, None)
+
+    learn(300, (1, 1, 1, 2, 4))
+    views = [view() for _ in range(300)]
+    demands = [
+        Demand(per, count, models)
+        for per in (*sizes, unit * 3 // 10)  # the last: a size the workload never asked for
+        for count in (1, 2, 3)
+        for models in ((), ("a100",))
+    ]
+    for rebuild in range(3):
+        for d in demands:
+            for v in views:
+                assert p.evaluate(v, d) == reference_evaluate(p, v, d), (rebuild, d, v)
+        if rebuild == 0:
+            before = p._pricer
+            learn(100, (1, 1, 1, 2, 4))  # > 2 % more pods, same keys: a new table, signatures kept
+            _ = p.table
+            assert p._pricer is not before and p._pricer.node_sigs is before.node_sigs
+        else:
+            keys = p._pricer.keys
+            for _ in range(50):  # 8-GPU pods of a new size: a new key, signatures start afresh
+                p.observe(Demand(unit * 3 // 10 + rebuild, 8))
+            _ = p.table
+            assert p._pricer.keys != keys
+        assert p._pricer.all_qs is not None  # the shared tables' path, not the general one
+        assert p._pricer.node_sigs or rebuild
+
+
+def test_before_any_pod_is_seen_frag_places_as_binpack():
+    """docs/policies.md: with nothing learned, frag is best fit (GPU, then node), as binpack is."""
+    from share_scheduler.placement import GpuSlot, NodeState, best_node, make_policy
+
+    rng = random.Random(9)
+    nodes = [
+        NodeState(f"n{i}", tuple(GpuSlot(g, "A100", 80, rng.choice((0, 10, 30, 50, 80))) for g in range(4)))
+        for i in range(300)
+    ]
+    for d in (Demand(10), Demand(30), Demand(20, 2), Demand(50, 3)):
+        frag, binpack = make_policy("frag"), make_policy("binpack")
+        chosen = best_node(nodes, d, frag)
+        assert chosen is not None and chosen == best_node(nodes, d, binpack), d
+        assert frag.choose(chosen, d) == binpack.choose(chosen, d), d
