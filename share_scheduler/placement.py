@@ -16,7 +16,7 @@ import math
 import random
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -502,6 +502,35 @@ class _RoomsOf(dict):
         return v
 
 
+def _one_gpu_price(info: tuple[int, int, int], f: int, per: int, vals: Sequence[int], prefix: tuple[Any, ...]) -> int:
+    """The exact price of taking `per` from one GPU with `f` free on a node: the GPU's own part
+    (`_Pricer.gpu_info`), the keys it keeps room for, and, for the keys it falls below, the node's
+    usable capacity above each (`vals`: the node's frees sorted, `prefix`: its `room_prefix`)."""
+    stay, cross_free, cross_usable, cross_const, idx = prefix
+    d, lo, hi = info
+    d += per * stay[lo]
+    if hi > lo:
+        d += f * (cross_free[hi] - cross_free[lo])
+        for j in range(lo, hi):
+            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
+    return d
+
+
+def _key_change(frees: Iterable[int], per: int, q: int) -> tuple[int, int]:
+    """Taking `per` from GPUs with these frees: the change of a multi-GPU key's (GPUs with room, their
+    usable capacity), the key needing `q` per GPU. A GPU that keeps room loses `per` of usable
+    capacity; one that falls below `q` leaves the room count and takes all its free capacity with it."""
+    dr = du = 0
+    for f in frees:
+        if f >= q:
+            if f - per >= q:
+                du -= per
+            else:
+                dr -= 1
+                du -= f
+    return dr, du
+
+
 class _Pricer:
     """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
 
@@ -668,14 +697,7 @@ class _Pricer:
         ks = self.keys_for(model)
         for j in range(lo, bisect_right(qs, picked[-1], lo)):
             k, q = ks[j]
-            dr = du = 0
-            for f in picked:
-                if f >= q:
-                    if f - per >= q:
-                        du -= per
-                    else:
-                        dr -= 1
-                        du -= f
+            dr, du = _key_change(picked, per, q)
             if dr or du:
                 moves.append((j, k, dr, du))
         return d, lo, tuple(moves)
@@ -1027,8 +1049,7 @@ class FragPolicy(_ViewPolicy):
             if sig_entry is None:
                 sig_entry = pricer.node_sig(gpus)
             sig, sole, vals = sig_entry
-            prefix = pricer.room_prefixes.get(sig)
-            stay, cross_free, cross_usable, cross_const, idx = prefix or pricer.room_prefix(sig)
+            prefix = pricer.room_prefixes.get(sig) or pricer.room_prefix(sig)
             total = sum(vals)
             best_d = best_left = 0
             best = None
@@ -1044,12 +1065,7 @@ class FragPolicy(_ViewPolicy):
                     info = infos.get(f)
                     if info is None:
                         info = infos[f] = pricer.gpu_info((sole, f), per, models)
-                    d, lo, hi = info  # type: ignore[misc]
-                    d += per * stay[lo]
-                    if hi > lo:
-                        d += f * (cross_free[hi] - cross_free[lo])
-                        for j in range(lo, hi):
-                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
+                    d = _one_gpu_price(info, f, per, vals, prefix)  # type: ignore[arg-type]
                     if best is None or d < best_d:
                         best_d, best_left, best = d, f - per, f
                 if best is None:
@@ -1071,12 +1087,7 @@ class FragPolicy(_ViewPolicy):
                         info = infos[f] = pricer.gpu_info(g, per, models)
                     if info is False:
                         continue
-                    d, lo, hi = info  # type: ignore[misc]
-                    d += per * stay[lo]
-                    if hi > lo:
-                        d += f * (cross_free[hi] - cross_free[lo])
-                        for j in range(lo, hi):
-                            d += cross_usable[j] * sum(vals[idx[j] :]) + cross_const[j]
+                    d = _one_gpu_price(info, f, per, vals, prefix)  # type: ignore[arg-type]
                     a = f - per
                     if best is None or d < best_d or (d == best_d and a < best_left):
                         best_d, best_left, best = d, a, g
@@ -1155,16 +1166,10 @@ class FragPolicy(_ViewPolicy):
                 lo = bisect_right(qs, picked[0][0] - per)  # keys every chosen GPU keeps room for
                 d += count * per * stay[lo]
                 ks = pricer.keys_for(model)
+                frees = [f for f, _ in picked]
                 for j in range(lo, bisect_right(qs, picked[-1][0], lo)):
                     k, q = ks[j]
-                    dr = du = 0
-                    for f, _ in picked:
-                        if f >= q:
-                            if f - per >= q:
-                                du -= per
-                            else:
-                                dr -= 1
-                                du -= f
+                    dr, du = _key_change(frees, per, q)
                     room, usable = rooms[j], usables[j]
                     row = pricer.coefficient_row(k, room)
                     a1, b1 = row[room + dr]
