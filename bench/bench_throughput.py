@@ -61,9 +61,9 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from share_core.assignment import Assignment  # noqa: E402
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM  # noqa: E402
+from share_core.contract import RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, create_node, gpu_pod, gpus_annotation  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 
@@ -132,17 +132,7 @@ def go_node_resources(gpus: int, mem: int) -> dict[str, str]:
 def create_nodes(admin: ApiServerClient, count: int, gpus: int, mem: int, go: bool = False) -> list[str]:
     """`go`: each node also carries the Go original's capacity, so one cluster serves both extenders."""
     names = [f"node-{i:05d}" for i in range(count)]
-    if not go:
-        create_bare_nodes(admin, names, gpus, mem)
-        return names
-
-    def make(name: str) -> None:
-        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem),
-               **go_node_resources(gpus, mem)}  # fmt: skip
-        create_node(admin, name, res, {"gpushare": "true"}, {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)})
-
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(make, names))
+    create_bare_nodes(admin, names, gpus, mem, extra=go_node_resources(gpus, mem) if go else None)
     return names
 
 

@@ -51,11 +51,18 @@ def create_node(
     )
 
 
-def create_bare_nodes(admin: ApiServerClient, names: Iterable[str], gpus: int, mem: int, threads: int = 16) -> None:
-    """Create each node and set its status (capacity of RESOURCE_MEM = gpus x mem), in parallel."""
+def create_bare_nodes(
+    admin: ApiServerClient,
+    names: Iterable[str],
+    gpus: int,
+    mem: int,
+    threads: int = 16,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Create each node and set its status (capacity of RESOURCE_MEM = gpus x mem, plus `extra`), in parallel."""
 
     def make(name: str) -> None:
-        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem)}
+        res = {"cpu": "256", "memory": "2Ti", "pods": "1000", RESOURCE_MEM: str(gpus * mem), **(extra or {})}
         create_node(admin, name, res, {"gpushare": "true"}, {ANN_NODE_GPUS: gpus_annotation(name, gpus, mem)})
 
     with ThreadPoolExecutor(threads) as pool:
