@@ -103,11 +103,6 @@ def node_view(node: NodeState) -> tuple[NodeView, tuple[int, ...]]:
     return view, tuple([g.index for g in gpus])
 
 
-def eligible_gpus(node: NodeState, demand: Demand) -> list[GpuSlot]:
-    """Healthy GPUs of an allowed model with room for one share of the demand."""
-    return [g for g in node.gpus if g.healthy and g.free >= demand.per_gpu and demand.model_allowed(g.model)]
-
-
 def _host_fits(view: NodeView, demand: Demand) -> bool:
     _, cpu_free, mem_free = view
     if cpu_free is not None and cpu_free < demand.cpu:
