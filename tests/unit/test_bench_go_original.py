@@ -1,4 +1,4 @@
-"""bench_throughput's side-by-side with the Go original: the configuration and pods it renders."""
+"""bench_throughput: its side-by-side with the Go original (the configuration and pods it renders) and its rounds."""
 
 from __future__ import annotations
 
@@ -98,3 +98,11 @@ def test_timing_proxy_forwards_and_times_each_verb() -> None:
         proxy.stop()
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_rounds_alternate_so_no_scenario_always_runs_first() -> None:
+    scenarios = [bench.Scenario("alone", 1000), bench.Scenario("binpack", 1000, "binpack")]
+    scenarios.append(bench.Scenario("frag", 1000, "frag"))
+    orders = [[sc.label for sc in bench.round_order(scenarios, r)] for r in range(4)]
+    assert orders == [["alone", "binpack", "frag"], ["frag", "binpack", "alone"]] * 2
+    assert [sc.label for sc in scenarios] == ["alone", "binpack", "frag"]  # the caller's list is left as it was
