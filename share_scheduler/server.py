@@ -60,8 +60,12 @@ class ExtenderServer:
         self.threads = threads
         self.max_body = max_body
         self.grace = grace
+        # Blocking accept, no timeout: the kernel then wakes ONE waiting worker per connection. With a
+        # timeout, Python polls the socket first, and every idle worker's poll wakes on each new
+        # connection, takes the GIL, finds nothing to accept and polls again: with 32 workers that was
+        # ~39 context switches per connection (kube-scheduler's Go client keeps 2 idle connections, so
+        # about a third of its binds open a new one). stop() shuts the socket down to wake the workers.
         self.sock = socket.create_server((host, port), reuse_port=False, backlog=256)
-        self.sock.settimeout(0.5)  # workers look at the stop flag between accepts
         self.host, self.port = host, self.sock.getsockname()[1]
         self._stop = threading.Event()
         self._workers: list[threading.Thread] = []
@@ -79,6 +83,10 @@ class ExtenderServer:
     def stop(self) -> None:
         """Stop accepting; wait up to `grace` seconds for requests in progress."""
         self._stop.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes every worker blocked in accept() (Linux: EINVAL)
+        except OSError:
+            pass
         with self._idle_lock:
             for conn in self._idle:  # wake the workers parked on idle connections: they close them
                 try:
@@ -110,11 +118,12 @@ class ExtenderServer:
         while not self._stop.is_set():
             try:
                 conn, peer = self.sock.accept()
-            except TimeoutError:
-                continue
             except OSError:
                 if self._stop.is_set():
                     return
+                # ECONNABORTED (a client gave up before we accepted) or EMFILE: try again, without
+                # spinning on an error that stays.
+                self._stop.wait(0.01)
                 continue
             try:
                 self._serve(conn, peer)

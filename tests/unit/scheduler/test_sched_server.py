@@ -173,3 +173,23 @@ def test_expect_continue_and_a_crashing_verb(served):
     assert status == 500 and "boom" in out["Error"]
     conn.request("GET", "/healthz")  # the connection and the server carry on
     assert conn.getresponse().status == 200
+
+
+def test_stop_wakes_workers_blocked_in_accept_and_refuses_new_connections() -> None:
+    """Workers wait in a blocking accept (one woken per connection); stop() must still end them all."""
+
+    def app(environ: dict, start_response) -> list[bytes]:
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"no such route"]
+
+    server = ExtenderServer(app, {}, "127.0.0.1", 0, threads=8, grace=10.0)
+    server.start()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as c:  # accepted and served
+        c.sendall(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert c.recv(64).startswith(b"HTTP/1.1 404 ")
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 2.0  # not the 10 s grace: nothing was left blocked
+    assert not any(w.is_alive() for w in server._workers)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1)
