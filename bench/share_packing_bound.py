@@ -22,8 +22,18 @@ and including the first arrival reaching 100 %), and for those arrivals
   those prices found by an exact knapsack), and that figure is what is printed. `--exact` also solves
   the integer program (HiGHS branch and bound) and prints its proven bound.
 
+`--online N`: a prototype, not the product: `frag` for seeds 0..N-1 as share-sim runs it, except that a
+sharing pod's GPU is also priced by the bin-packing LP's dual prices (below), and once more without
+them (the same loop, so the two differ only in that price).
+Gilmore-Gomory's LP packs the learned sharing pods into the fewest GPUs; its dual gives each share size
+a price pi(s) (the part of a GPU it is worth in an optimal packing, x 1000 units). With K(r) the most
+a gap of r units can earn at those prices (a knapsack), putting a share of s on a GPU with f units free
+loses K(f) - K(f - s) - pi(s) >= 0, zero exactly when the GPU stays on an optimal pattern. The
+prototype adds `--weight` x that loss to frag's price of every candidate GPU.
+
     python bench/share_packing_bound.py [--pods ...openb_pod_list_default.csv] [--variant gpushare=60]
     python bench/share_packing_bound.py --per-seed 10 --bound [--exact]
+    python bench/share_packing_bound.py --online 10 [--weight 1000] [--variant ...]
 """
 
 from __future__ import annotations
@@ -31,11 +41,13 @@ from __future__ import annotations
 import argparse
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from share_scheduler.placement import Demand, NodeView, eligible_positions, fragmentation_units, shift_aggregates
 from share_scheduler.sim import variants
-from share_scheduler.sim.engine import arrivals_until
+from share_scheduler.sim.engine import arrivals_until, build_policy
 from share_scheduler.sim.workload import Workload, load_openb
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
@@ -88,8 +100,9 @@ def patterns(sizes: list[int], capacity: int) -> list[tuple[int, ...]]:
     return out
 
 
-def best_pattern_value(counts: Mapping[int, int], prices: Mapping[int, float], capacity: int) -> float:
-    """max over patterns of sum(size - price) (bounded knapsack, exact): what one GPU of shares earns.
+def pattern_values(counts: Mapping[int, int], prices: Mapping[int, float], capacity: int) -> list[float]:
+    """For every room r up to `capacity`: max over patterns fitting r of sum(size - price) (bounded
+    knapsack, exact).
 
     A pattern holds at most as many pods of a size as arrived: the LP without the others is smaller
     and still a relaxation (no real GPU holds more), so prices checked against this bound it too."""
@@ -103,7 +116,12 @@ def best_pattern_value(counts: Mapping[int, int], prices: Mapping[int, float], c
                 v = best[r - s] + gain
                 if v > best[r]:
                     best[r] = v
-    return best[capacity]
+    return best
+
+
+def best_pattern_value(counts: Mapping[int, int], prices: Mapping[int, float], capacity: int) -> float:
+    """What one GPU of shares earns at `prices` (`pattern_values` at full capacity)."""
+    return pattern_values(counts, prices, capacity)[capacity]
 
 
 def dual_bound(
@@ -163,6 +181,112 @@ def lp_prices(
     return -float(lp.fun), prices, proven
 
 
+def min_bins_prices(counts: Mapping[int, int], capacity: int) -> dict[int, float]:
+    """Dual prices of the LP that packs `counts` into the fewest bins, in units (x capacity)."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    sizes = sorted(counts)
+    pats = patterns(sizes, capacity)
+    a = np.array(pats, float).T
+    lp = linprog(np.ones(len(pats)), A_ub=-a, b_ub=-np.array([counts[s] for s in sizes], float), method="highs")
+    if lp.status != 0:
+        raise RuntimeError(f"bin-packing LP failed: {lp.message}")
+    return {s: -float(m) * capacity for s, m in zip(sizes, lp.ineqlin.marginals, strict=True)}
+
+
+def gap_loss(counts: Mapping[int, int], capacity: int) -> Callable[[int, int], float]:
+    """loss(f, s): K(f) - K(f - s) - pi(s), the LP's reduced cost of putting s where f is free."""
+    prices = min_bins_prices(counts, capacity)
+    unbounded = {s: capacity // s for s in counts}
+    k = pattern_values(unbounded, {s: s - p for s, p in prices.items()}, capacity)
+    return lambda f, s: k[f] - k[f - s] - prices[s]
+
+
+def online_frag(workload: Workload, seed: int, loss: Callable[[int, int], float] | None, weight: float) -> float:
+    """Unallocated % at arrived 100 % for `frag` (engine.simulate's loop and ties), with `weight` x
+    `loss` added to the price of each GPU a sharing pod could take (None: frag as it is)."""
+    policy = build_policy("frag", seed, workload)
+    unit = variants.gpu_unit(workload)
+    views: list[NodeView] = [(tuple((n.model, g) for g in n.gpus), n.cpu, n.memory) for n in workload.nodes]
+    members: dict[NodeView, list[int]] = {}
+    for i, v in enumerate(views):
+        members.setdefault(v, []).append(i)
+    memo: dict[tuple[NodeView, Demand], Any] = {}
+    placed = 0
+    for k in arrivals_until(workload, seed):
+        pod = workload.pods[k]
+        d = pod.demand()
+        share = loss is not None and d.count == 1 and 0 < d.per_gpu < unit
+        best: tuple[float, int, tuple[int, ...]] | None = None
+        for v, nodes in members.items():
+            got = memo.get((v, d), memo)
+            if got is memo:
+                got = memo[(v, d)] = share_candidates(policy, v, d) if share else policy.evaluate(v, d)
+            options = got if share else ([] if got is None else [got])
+            for score, chosen in options:
+                if share:
+                    score -= weight * loss(v[0][chosen[0]][1], d.per_gpu)  # type: ignore[misc]
+                if best is None or score > best[0] or (score == best[0] and nodes[0] < best[1]):
+                    best = (score, nodes[0], chosen)
+        if best is None:
+            continue
+        _, n, chosen = best
+        placed += pod.gpu_request
+        old = views[n]
+        gpus = list(old[0])
+        for p in chosen:
+            gpus[p] = (gpus[p][0], gpus[p][1] - d.per_gpu)
+        new: NodeView = (
+            tuple(gpus),
+            None if old[1] is None else old[1] - d.cpu,
+            None if old[2] is None else old[2] - d.memory,
+        )
+        views[n] = new
+        members[old].remove(n)
+        if not members[old]:
+            del members[old]
+        members.setdefault(new, []).append(n)
+        members[new].sort()
+    return 100 - 100 * placed / workload.gpu_capacity
+
+
+def share_candidates(policy: Any, view: NodeView, demand: Demand) -> list[tuple[float, tuple[int, ...]]]:
+    """frag's score (`FragPolicy._evaluate` with CPU known) of every distinct GPU a share could take."""
+    _ = policy.table
+    elig = eligible_positions(view, demand)
+    if elig is None:
+        return []
+    gpus, cpu_free, _ = view
+    table, per = policy.table, demand.per_gpu
+    cpu_after = cpu_free - demand.cpu
+    total = sum(f for _, f in gpus)
+    before = policy.node_units(gpus, cpu_free)
+    aggs = policy.aggregates(tuple(sorted(gpus)))
+    out, seen = [], set()
+    for i in elig:
+        if gpus[i] in seen:
+            continue
+        seen.add(gpus[i])
+        m, f = gpus[i]
+        after = fragmentation_units(
+            total - per, shift_aggregates(aggs, table, m, f, f - per), cpu_after, table, policy._wa, policy._wb
+        )
+        out.append(policy._finish(after - before, f - per, (i,), gpus, per, cpu_after))
+    return out
+
+
+def online(workload: Workload, seeds: int, weight: float) -> None:
+    """frag without and with the LP's gap price, seed by seed (see the module docstring)."""
+    unit = variants.gpu_unit(workload)
+    counts = Counter(p.per_gpu for p in workload.pods if p.count == 1 and 0 < p.per_gpu < unit)
+    loss = gap_loss(counts, unit)
+    rows = [(online_frag(workload, s, None, weight), online_frag(workload, s, loss, weight)) for s in range(seeds)]
+    for s, (a, b) in enumerate(rows):
+        print(f"seed {s}: frag {a:.2f}  frag + LP gap price x {weight:g}: {b:.2f}")
+    print(f"mean: {sum(a for a, _ in rows) / seeds:.3f}  {sum(b for _, b in rows) / seeds:.3f}")
+
+
 def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool) -> None:
     """One row per seed: the arrivals up to arrived 100 %, their offline packings and the lower bound."""
     unit = variants.gpu_unit(workload)
@@ -210,10 +334,15 @@ def main() -> None:
     ap.add_argument("--per-seed", type=int, metavar="N", help="seeds 0..N-1: the simulator's own arrivals")
     ap.add_argument("--bound", action="store_true", help="with --per-seed: the lower bound (needs scipy)")
     ap.add_argument("--exact", action="store_true", help="with --bound: also the integer program's bound")
+    ap.add_argument("--online", type=int, metavar="N", help="seeds 0..N-1: frag with the LP's gap price (needs scipy)")
+    ap.add_argument("--weight", type=float, default=1000.0, help="with --online: the gap price's weight (1000)")
     args = ap.parse_args()
     workload = load_openb(args.nodes, args.pods)
     if args.variant:
         workload = variants.derive(workload, args.variant)
+    if args.online:
+        online(workload, args.online, args.weight)
+        return
     if args.per_seed:
         per_seed(workload, args.per_seed, args.bound, args.exact)
         return
