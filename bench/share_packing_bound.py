@@ -125,7 +125,12 @@ def best_pattern_value(counts: Mapping[int, int], prices: Mapping[int, float], c
 
 
 def dual_bound(
-    counts: Mapping[int, int], whole_gpus: int, gpus: int, capacity: int, prices: Mapping[int, float]
+    counts: Mapping[int, int],
+    whole_gpus: int,
+    gpus: int,
+    capacity: int,
+    prices: Mapping[int, float],
+    place_all: bool = False,
 ) -> float:
     """An upper bound on the units ANY placement allocates (weak duality of the pattern LP).
 
@@ -133,8 +138,9 @@ def dual_bound(
     u >= what any pattern earns at those prices (sum of size - p(s)) and u + v >= capacity. For given
     prices, u is at least the most one GPU of shares earns (`best_pattern_value`, k); then either
     u = k, v = capacity - k, or u = max(k, capacity), v = 0: both feasible, so the smaller
-    gpus x u + whole_gpus x v + sum(count(s) x p(s)) bounds the LP and hence every packing."""
-    if any(p < 0 for p in prices.values()):
+    gpus x u + whole_gpus x v + sum(count(s) x p(s)) bounds the LP and hence every packing.
+    With `place_all` (every share must be placed: equalities) the prices may be negative."""
+    if not place_all and any(p < 0 for p in prices.values()):
         raise ValueError("prices must be non-negative")
     k = best_pattern_value(counts, prices, capacity)
     per_gpu = min(gpus * k + whole_gpus * max(0.0, capacity - k), gpus * max(k, capacity))
@@ -142,10 +148,16 @@ def dual_bound(
 
 
 def lp_prices(
-    counts: Mapping[int, int], whole_gpus: int, gpus: int, capacity: int, exact: bool = False
+    counts: Mapping[int, int],
+    whole_gpus: int,
+    gpus: int,
+    capacity: int,
+    exact: bool = False,
+    place_all: bool = False,
 ) -> tuple[float, dict[int, float], float | None]:
     """The pattern LP's optimum and dual prices (scipy's HiGHS); with `exact`, the integer program's
-    proven upper bound too (the best bound branch and bound closed on)."""
+    proven upper bound too (the best bound branch and bound closed on). `place_all`: every share is
+    placed (no share may fail), not a relaxation of every placement but of those that place them all."""
     import numpy as np
     from scipy.optimize import Bounds, LinearConstraint, linprog, milp
     from scipy.sparse import lil_matrix
@@ -164,15 +176,24 @@ def lp_prices(
     a = a.tocsr()
     gain = np.array([sum(c * s for c, s in zip(p, sizes, strict=True)) for p in pats] + [capacity], float)
     ub = np.array([counts[s] for s in sizes] + [gpus, whole_gpus], float)
-    lp = linprog(-gain, A_ub=a, b_ub=ub, bounds=(0, None), method="highs")
+    n = len(sizes)
+    if place_all:
+        lp = linprog(-gain, A_ub=a[n:], b_ub=ub[n:], A_eq=a[:n], b_eq=ub[:n], bounds=(0, None), method="highs")
+    else:
+        lp = linprog(-gain, A_ub=a, b_ub=ub, bounds=(0, None), method="highs")
     if lp.status != 0:
         raise RuntimeError(f"pattern LP failed: {lp.message}")
-    prices = {s: max(0.0, -float(m)) for s, m in zip(sizes, lp.ineqlin.marginals[: len(sizes)], strict=True)}
+    if place_all:
+        prices = {s: -float(m) for s, m in zip(sizes, lp.eqlin.marginals, strict=True)}
+    else:
+        prices = {s: max(0.0, -float(m)) for s, m in zip(sizes, lp.ineqlin.marginals[:n], strict=True)}
     proven = None
     if exact:
         ip = milp(
             -gain,
-            constraints=LinearConstraint(a, -np.inf, ub),
+            constraints=LinearConstraint(
+                a, np.where(np.arange(len(ub)) < n, ub, -np.inf) if place_all else -np.inf, ub
+            ),
             integrality=np.ones(len(pats) + 1),
             bounds=Bounds(0, np.inf),
             options={"time_limit": 120},
@@ -287,7 +308,7 @@ def online(workload: Workload, seeds: int, weight: float) -> None:
     print(f"mean: {sum(a for a, _ in rows) / seeds:.3f}  {sum(b for _, b in rows) / seeds:.3f}")
 
 
-def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool) -> None:
+def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool, place_all: bool = False) -> None:
     """One row per seed: the arrivals up to arrived 100 %, their offline packings and the lower bound."""
     unit = variants.gpu_unit(workload)
     if any(g != unit for n in workload.nodes for g in n.gpus):
@@ -310,8 +331,8 @@ def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool) -> None:
             row += f" {pct:5.2f}"
         if bound:
             counts = Counter(shares)
-            lp, prices, proven = lp_prices(counts, whole, gpus, unit, exact)
-            checked = dual_bound(counts, whole, gpus, unit, prices)
+            lp, prices, proven = lp_prices(counts, whole, gpus, unit, exact, place_all)
+            checked = dual_bound(counts, whole, gpus, unit, prices, place_all)
             if checked < lp - 1e-6 * cap:  # cannot happen: weak duality
                 raise AssertionError(f"seed {seed}: dual {checked} below the LP optimum {lp}")
             pct = 100 * (cap - min(checked, cap)) / cap
@@ -334,6 +355,9 @@ def main() -> None:
     ap.add_argument("--per-seed", type=int, metavar="N", help="seeds 0..N-1: the simulator's own arrivals")
     ap.add_argument("--bound", action="store_true", help="with --per-seed: the lower bound (needs scipy)")
     ap.add_argument("--exact", action="store_true", help="with --bound: also the integer program's bound")
+    ap.add_argument(
+        "--place-all", action="store_true", help="with --bound: no share may fail (placements that place all)"
+    )
     ap.add_argument("--online", type=int, metavar="N", help="seeds 0..N-1: frag with the LP's gap price (needs scipy)")
     ap.add_argument("--weight", type=float, default=1000.0, help="with --online: the gap price's weight (1000)")
     args = ap.parse_args()
@@ -344,7 +368,7 @@ def main() -> None:
         online(workload, args.online, args.weight)
         return
     if args.per_seed:
-        per_seed(workload, args.per_seed, args.bound, args.exact)
+        per_seed(workload, args.per_seed, args.bound, args.exact, args.place_all)
         return
     unit = variants.gpu_unit(workload)
     shares = [p.per_gpu for p in workload.pods if p.count == 1 and p.per_gpu < unit]

@@ -120,3 +120,17 @@ def test_arrivals_until_are_the_simulators_arrivals(seed):
     placed = sum(w.pods[k].gpu_request for k, where in seen[: len(upto)] if where is not None)
     got = run_policy(w, "binpack", seed, tune=1.3).unallocated_pct["100"]
     assert got == pytest.approx(100 - 100 * placed / w.gpu_capacity)
+
+
+def test_place_all_bounds_only_placements_that_place_every_share():
+    pytest.importorskip("scipy")
+    counts = Counter({6: 2, 4: 1})
+    # Any placement: fail one 6 and give its GPU to the whole-GPU pod (6 + 4 + 10).
+    assert bound.lp_prices(counts, 1, 2, 10, exact=True)[2] == pytest.approx(20)
+    assert _best_allocation([6, 6, 4], 1, 2, 10) == 20
+    # Every share placed: 6 + 4 on one GPU, 6 on the other, no room for the whole-GPU pod.
+    lp, prices, proven = bound.lp_prices(counts, 1, 2, 10, exact=True, place_all=True)
+    assert lp == pytest.approx(16) and proven == pytest.approx(16)
+    assert bound.dual_bound(counts, 1, 2, 10, prices, place_all=True) == pytest.approx(16)
+    with pytest.raises(ValueError):
+        bound.dual_bound(counts, 1, 2, 10, {6: -1.0})
