@@ -1,21 +1,54 @@
-"""How low can unallocated GPU % at arrived 100 % go on a trace? An estimate from the sharing pods alone.
+"""How low can unallocated GPU % at arrived 100 % go on a trace? Offline packings and a true lower bound.
 
 At arrived 100 % the pods have asked for the whole cluster, so the unallocated share is exactly the
 capacity the placed pods could not use. Sharing pods leave the rest of their GPU to pods that fit in
-it; whatever no pod fills is lost. Packing all of the trace's sharing pods offline, knowing them all in
-advance, with first-fit decreasing (within a few % of optimal for bin packing) shows what even a
-clairvoyant scheduler leaves in partly used GPUs, before CPU, GPU models and multi-GPU pods are counted.
+it; whatever no pod fills is lost.
+
+Default: the trace's sharing pods packed offline, first-fit decreasing (FFD), scaled to arrived 100 %:
+an estimate of what even a clairvoyant scheduler leaves in partly used GPUs.
+
+`--per-seed N`: for seeds 0..N-1, the exact arrivals of the simulator (`engine.arrivals_until`: up to
+and including the first arrival reaching 100 %), and for those arrivals
+- FFD and best-fit decreasing (BFD) of their sharing pods, every other GPU given to whole-GPU pods;
+- a lower bound on unallocated % that holds for ANY placement of those arrivals (`--bound`, needs
+  scipy). The relaxation drops nodes, CPU, memory and GPU models: the cluster is a pool of GPUs of one
+  size; a multi-GPU pod may be split into single GPUs (whole-GPU demand is fungible); any pod may fail.
+  Every real placement is a solution of it (each GPU holds one multiset of shares, a "pattern", or
+  one whole-GPU pod, or nothing), so its optimum allocation is at least the real one. Its linear
+  relaxation over patterns (Gilmore-Gomory: x_p GPUs packed with pattern p, y GPUs given to whole-GPU
+  pods; sum x + y <= GPUs, y <= whole GPUs asked, each share size used at most as often as it arrived)
+  is larger still. The bound is not taken on trust from the LP solver: its dual prices are checked in
+  pure Python (`dual_bound`: any prices >= 0 give a valid bound by weak duality, the best pattern at
+  those prices found by an exact knapsack), and that figure is what is printed. `--exact` also solves
+  the integer program (HiGHS branch and bound) and prints its proven bound.
+
+`--online N`: a prototype, not the product: `frag` for seeds 0..N-1 as share-sim runs it, except that a
+sharing pod's GPU is also priced by the bin-packing LP's dual prices (below), and once more without
+them (the same loop, so the two differ only in that price).
+Gilmore-Gomory's LP packs the learned sharing pods into the fewest GPUs; its dual gives each share size
+a price pi(s) (the part of a GPU it is worth in an optimal packing, x 1000 units). With K(r) the most
+a gap of r units can earn at those prices (a knapsack), putting a share of s on a GPU with f units free
+loses K(f) - K(f - s) - pi(s) >= 0, zero exactly when the GPU stays on an optimal pattern. The
+prototype adds `--weight` x that loss to frag's price of every candidate GPU.
 
     python bench/share_packing_bound.py [--pods ...openb_pod_list_default.csv] [--variant gpushare=60]
+    python bench/share_packing_bound.py --per-seed 10 --bound [--exact]
+    python bench/share_packing_bound.py --online 10 [--weight 1000] [--variant ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
+from share_scheduler.placement import Demand, NodeView, eligible_positions, fragmentation_units, shift_aggregates
 from share_scheduler.sim import variants
-from share_scheduler.sim.workload import load_openb
+from share_scheduler.sim.engine import arrivals_until, build_policy
+from share_scheduler.sim.workload import Workload, load_openb
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
 
@@ -33,15 +66,310 @@ def first_fit_decreasing(sizes: list[int], capacity: int) -> list[int]:
     return bins
 
 
+def best_fit_decreasing(sizes: list[int], capacity: int) -> list[int]:
+    """Room left in each bin after packing `sizes` best-fit decreasing (the bin left with least room)."""
+    bins: list[int] = []
+    for s in sorted(sizes, reverse=True):
+        best = -1
+        for i, room in enumerate(bins):
+            if room >= s and (best < 0 or room < bins[best]):
+                best = i
+        if best < 0:
+            bins.append(capacity - s)
+        else:
+            bins[best] -= s
+    return bins
+
+
+def patterns(sizes: list[int], capacity: int) -> list[tuple[int, ...]]:
+    """Every non-empty multiset of `sizes` (how many of each, in `sizes`' order) that fits `capacity`."""
+    out: list[tuple[int, ...]] = []
+    counts = [0] * len(sizes)
+
+    def walk(i: int, room: int) -> None:
+        if i == len(sizes):
+            if any(counts):
+                out.append(tuple(counts))
+            return
+        for c in range(room // sizes[i] + 1):
+            counts[i] = c
+            walk(i + 1, room - c * sizes[i])
+        counts[i] = 0
+
+    walk(0, capacity)
+    return out
+
+
+def pattern_values(counts: Mapping[int, int], prices: Mapping[int, float], capacity: int) -> list[float]:
+    """For every room r up to `capacity`: max over patterns fitting r of sum(size - price) (bounded
+    knapsack, exact).
+
+    A pattern holds at most as many pods of a size as arrived: the LP without the others is smaller
+    and still a relaxation (no real GPU holds more), so prices checked against this bound it too."""
+    best = [0.0] * (capacity + 1)  # best[r]: the most earned with at most r units
+    for s, n in counts.items():
+        gain = s - prices.get(s, 0.0)
+        if gain <= 0 or s > capacity:
+            continue
+        for _ in range(min(n, capacity // s)):  # one copy at a time: 0/1 knapsack per copy
+            for r in range(capacity, s - 1, -1):
+                v = best[r - s] + gain
+                if v > best[r]:
+                    best[r] = v
+    return best
+
+
+def best_pattern_value(counts: Mapping[int, int], prices: Mapping[int, float], capacity: int) -> float:
+    """What one GPU of shares earns at `prices` (`pattern_values` at full capacity)."""
+    return pattern_values(counts, prices, capacity)[capacity]
+
+
+def dual_bound(
+    counts: Mapping[int, int],
+    whole_gpus: int,
+    gpus: int,
+    capacity: int,
+    prices: Mapping[int, float],
+    place_all: bool = False,
+) -> float:
+    """An upper bound on the units ANY placement allocates (weak duality of the pattern LP).
+
+    The dual: prices p(s) >= 0 on the share sizes, u per GPU, v per whole GPU asked, with
+    u >= what any pattern earns at those prices (sum of size - p(s)) and u + v >= capacity. For given
+    prices, u is at least the most one GPU of shares earns (`best_pattern_value`, k); then either
+    u = k, v = capacity - k, or u = max(k, capacity), v = 0: both feasible, so the smaller
+    gpus x u + whole_gpus x v + sum(count(s) x p(s)) bounds the LP and hence every packing.
+    With `place_all` (every share must be placed: equalities) the prices may be negative."""
+    if not place_all and any(p < 0 for p in prices.values()):
+        raise ValueError("prices must be non-negative")
+    k = best_pattern_value(counts, prices, capacity)
+    per_gpu = min(gpus * k + whole_gpus * max(0.0, capacity - k), gpus * max(k, capacity))
+    return per_gpu + sum(n * prices.get(s, 0.0) for s, n in counts.items())
+
+
+def lp_prices(
+    counts: Mapping[int, int],
+    whole_gpus: int,
+    gpus: int,
+    capacity: int,
+    exact: bool = False,
+    place_all: bool = False,
+) -> tuple[float, dict[int, float], float | None]:
+    """The pattern LP's optimum and dual prices (scipy's HiGHS); with `exact`, the integer program's
+    proven upper bound too (the best bound branch and bound closed on). `place_all`: every share is
+    placed (no share may fail), not a relaxation of every placement but of those that place them all."""
+    import numpy as np
+    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+    from scipy.sparse import lil_matrix
+
+    sizes = sorted(counts)
+    pats = patterns(sizes, capacity)
+    rows = len(sizes) + 2  # per size; GPUs; whole GPUs
+    a = lil_matrix((rows, len(pats) + 1))
+    for j, pat in enumerate(pats):
+        for i, c in enumerate(pat):
+            if c:
+                a[i, j] = c
+        a[len(sizes), j] = 1
+    a[len(sizes), len(pats)] = 1
+    a[len(sizes) + 1, len(pats)] = 1
+    a = a.tocsr()
+    gain = np.array([sum(c * s for c, s in zip(p, sizes, strict=True)) for p in pats] + [capacity], float)
+    ub = np.array([counts[s] for s in sizes] + [gpus, whole_gpus], float)
+    n = len(sizes)
+    if place_all:
+        lp = linprog(-gain, A_ub=a[n:], b_ub=ub[n:], A_eq=a[:n], b_eq=ub[:n], bounds=(0, None), method="highs")
+    else:
+        lp = linprog(-gain, A_ub=a, b_ub=ub, bounds=(0, None), method="highs")
+    if lp.status != 0:
+        raise RuntimeError(f"pattern LP failed: {lp.message}")
+    if place_all:
+        prices = {s: -float(m) for s, m in zip(sizes, lp.eqlin.marginals, strict=True)}
+    else:
+        prices = {s: max(0.0, -float(m)) for s, m in zip(sizes, lp.ineqlin.marginals[:n], strict=True)}
+    proven = None
+    if exact:
+        ip = milp(
+            -gain,
+            constraints=LinearConstraint(
+                a, np.where(np.arange(len(ub)) < n, ub, -np.inf) if place_all else -np.inf, ub
+            ),
+            integrality=np.ones(len(pats) + 1),
+            bounds=Bounds(0, np.inf),
+            options={"time_limit": 120},
+        )
+        proven = -float(ip.mip_dual_bound)
+    return -float(lp.fun), prices, proven
+
+
+def min_bins_prices(counts: Mapping[int, int], capacity: int) -> dict[int, float]:
+    """Dual prices of the LP that packs `counts` into the fewest bins, in units (x capacity)."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    sizes = sorted(counts)
+    pats = patterns(sizes, capacity)
+    a = np.array(pats, float).T
+    lp = linprog(np.ones(len(pats)), A_ub=-a, b_ub=-np.array([counts[s] for s in sizes], float), method="highs")
+    if lp.status != 0:
+        raise RuntimeError(f"bin-packing LP failed: {lp.message}")
+    return {s: -float(m) * capacity for s, m in zip(sizes, lp.ineqlin.marginals, strict=True)}
+
+
+def gap_loss(counts: Mapping[int, int], capacity: int) -> Callable[[int, int], float]:
+    """loss(f, s): K(f) - K(f - s) - pi(s), the LP's reduced cost of putting s where f is free."""
+    prices = min_bins_prices(counts, capacity)
+    unbounded = {s: capacity // s for s in counts}
+    k = pattern_values(unbounded, {s: s - p for s, p in prices.items()}, capacity)
+    return lambda f, s: k[f] - k[f - s] - prices[s]
+
+
+def online_frag(workload: Workload, seed: int, loss: Callable[[int, int], float] | None, weight: float) -> float:
+    """Unallocated % at arrived 100 % for `frag` (engine.simulate's loop and ties), with `weight` x
+    `loss` added to the price of each GPU a sharing pod could take (None: frag as it is)."""
+    policy = build_policy("frag", seed, workload)
+    unit = variants.gpu_unit(workload)
+    views: list[NodeView] = [(tuple((n.model, g) for g in n.gpus), n.cpu, n.memory) for n in workload.nodes]
+    members: dict[NodeView, list[int]] = {}
+    for i, v in enumerate(views):
+        members.setdefault(v, []).append(i)
+    memo: dict[tuple[NodeView, Demand], Any] = {}
+    placed = 0
+    for k in arrivals_until(workload, seed):
+        pod = workload.pods[k]
+        d = pod.demand()
+        share = loss is not None and d.count == 1 and 0 < d.per_gpu < unit
+        best: tuple[float, int, tuple[int, ...]] | None = None
+        for v, nodes in members.items():
+            got = memo.get((v, d), memo)
+            if got is memo:
+                got = memo[(v, d)] = share_candidates(policy, v, d) if share else policy.evaluate(v, d)
+            options = got if share else ([] if got is None else [got])
+            for score, chosen in options:
+                if share:
+                    score -= weight * loss(v[0][chosen[0]][1], d.per_gpu)  # type: ignore[misc]
+                if best is None or score > best[0] or (score == best[0] and nodes[0] < best[1]):
+                    best = (score, nodes[0], chosen)
+        if best is None:
+            continue
+        _, n, chosen = best
+        placed += pod.gpu_request
+        old = views[n]
+        gpus = list(old[0])
+        for p in chosen:
+            gpus[p] = (gpus[p][0], gpus[p][1] - d.per_gpu)
+        new: NodeView = (
+            tuple(gpus),
+            None if old[1] is None else old[1] - d.cpu,
+            None if old[2] is None else old[2] - d.memory,
+        )
+        views[n] = new
+        members[old].remove(n)
+        if not members[old]:
+            del members[old]
+        members.setdefault(new, []).append(n)
+        members[new].sort()
+    return 100 - 100 * placed / workload.gpu_capacity
+
+
+def share_candidates(policy: Any, view: NodeView, demand: Demand) -> list[tuple[float, tuple[int, ...]]]:
+    """frag's score (`FragPolicy._evaluate` with CPU known) of every distinct GPU a share could take."""
+    _ = policy.table
+    elig = eligible_positions(view, demand)
+    if elig is None:
+        return []
+    gpus, cpu_free, _ = view
+    table, per = policy.table, demand.per_gpu
+    cpu_after = cpu_free - demand.cpu
+    total = sum(f for _, f in gpus)
+    before = policy.node_units(gpus, cpu_free)
+    aggs = policy.aggregates(tuple(sorted(gpus)))
+    out, seen = [], set()
+    for i in elig:
+        if gpus[i] in seen:
+            continue
+        seen.add(gpus[i])
+        m, f = gpus[i]
+        after = fragmentation_units(
+            total - per, shift_aggregates(aggs, table, m, f, f - per), cpu_after, table, policy._wa, policy._wb
+        )
+        out.append(policy._finish(after - before, f - per, (i,), gpus, per, cpu_after))
+    return out
+
+
+def online(workload: Workload, seeds: int, weight: float) -> None:
+    """frag without and with the LP's gap price, seed by seed (see the module docstring)."""
+    unit = variants.gpu_unit(workload)
+    counts = Counter(p.per_gpu for p in workload.pods if p.count == 1 and 0 < p.per_gpu < unit)
+    loss = gap_loss(counts, unit)
+    rows = [(online_frag(workload, s, None, weight), online_frag(workload, s, loss, weight)) for s in range(seeds)]
+    for s, (a, b) in enumerate(rows):
+        print(f"seed {s}: frag {a:.2f}  frag + LP gap price x {weight:g}: {b:.2f}")
+    print(f"mean: {sum(a for a, _ in rows) / seeds:.3f}  {sum(b for _, b in rows) / seeds:.3f}")
+
+
+def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool, place_all: bool = False) -> None:
+    """One row per seed: the arrivals up to arrived 100 %, their offline packings and the lower bound."""
+    unit = variants.gpu_unit(workload)
+    if any(g != unit for n in workload.nodes for g in n.gpus):
+        raise SystemExit("--per-seed assumes GPUs of one size (the openb trace)")
+    cap, gpus = workload.gpu_capacity, workload.gpu_count
+    pods = workload.pods
+    head = "seed arrivals shares whole-GPUs   FFD  BFD"
+    print(head + ("   LP bound (checked)" + ("  integer bound" if exact else "") if bound else ""))
+    sums: dict[str, float] = Counter()
+    for seed in range(seeds):
+        arrived = arrivals_until(workload, seed)
+        shares = [pods[k].per_gpu for k in arrived if pods[k].count == 1 and pods[k].per_gpu < unit]
+        whole = sum(pods[k].count for k in arrived if pods[k].count > 0 and pods[k].per_gpu >= unit)
+        row = f"{seed:4d} {len(arrived):8d} {len(shares):6d} {whole:10d}"
+        for name, pack in (("ffd", first_fit_decreasing), ("bfd", best_fit_decreasing)):
+            bins = pack(shares, unit)
+            placed = sum(shares) + unit * max(0, min(whole, gpus - len(bins)))
+            pct = 100 * (cap - placed) / cap
+            sums[name] += pct
+            row += f" {pct:5.2f}"
+        if bound:
+            counts = Counter(shares)
+            lp, prices, proven = lp_prices(counts, whole, gpus, unit, exact, place_all)
+            checked = dual_bound(counts, whole, gpus, unit, prices, place_all)
+            if checked < lp - 1e-6 * cap:  # cannot happen: weak duality
+                raise AssertionError(f"seed {seed}: dual {checked} below the LP optimum {lp}")
+            pct = 100 * (cap - min(checked, cap)) / cap
+            sums["lp"] += pct
+            row += f"   {pct:8.3f} (LP {100 * (cap - lp) / cap:.3f})"
+            if proven is not None:
+                ipct = 100 * (cap - math.floor(proven + 1e-6)) / cap
+                sums["ip"] += ipct
+                row += f"  {ipct:8.3f}"
+        print(row)
+    means = " ".join(f"{k} {v / seeds:.3f}" for k, v in sums.items())
+    print(f"mean over {seeds} seeds (unallocated GPU % at arrived 100 %): {means}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", default=str(DATA / "openb_node_list_gpu_node.csv"))
     ap.add_argument("--pods", default=str(DATA / "openb_pod_list_default.csv"))
     ap.add_argument("--variant", help="a share-sim variant, e.g. gpushare=60")
+    ap.add_argument("--per-seed", type=int, metavar="N", help="seeds 0..N-1: the simulator's own arrivals")
+    ap.add_argument("--bound", action="store_true", help="with --per-seed: the lower bound (needs scipy)")
+    ap.add_argument("--exact", action="store_true", help="with --bound: also the integer program's bound")
+    ap.add_argument(
+        "--place-all", action="store_true", help="with --bound: no share may fail (placements that place all)"
+    )
+    ap.add_argument("--online", type=int, metavar="N", help="seeds 0..N-1: frag with the LP's gap price (needs scipy)")
+    ap.add_argument("--weight", type=float, default=1000.0, help="with --online: the gap price's weight (1000)")
     args = ap.parse_args()
     workload = load_openb(args.nodes, args.pods)
     if args.variant:
         workload = variants.derive(workload, args.variant)
+    if args.online:
+        online(workload, args.online, args.weight)
+        return
+    if args.per_seed:
+        per_seed(workload, args.per_seed, args.bound, args.exact, args.place_all)
+        return
     unit = variants.gpu_unit(workload)
     shares = [p.per_gpu for p in workload.pods if p.count == 1 and p.per_gpu < unit]
     demand = sum(p.gpu_request for p in workload.pods)

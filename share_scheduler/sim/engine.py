@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from share_scheduler import placement
@@ -56,6 +56,37 @@ def pod_kind(demand: Demand) -> str:
         return "cpu"
     kind = f"{demand.count}-gpu" if demand.count > 1 or demand.per_gpu >= 1000 else "share"
     return kind + ("@" + "|".join(demand.models) if demand.models else "")
+
+
+def arrival_order(npods: int, seed: int, draw: str = "trace-first") -> Iterator[int]:
+    """Pod indices in the order they arrive (see DRAWS), endless: the caller stops at its target.
+
+    The one place the order is made, so anything else that needs the arrivals of a seed
+    (`bench/share_packing_bound.py`) gets exactly the simulator's."""
+    if draw not in DRAWS:
+        raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
+    rng = random.Random(seed)
+    if draw == "trace-first":
+        first = list(range(npods))
+        rng.shuffle(first)
+        yield from first
+    while True:
+        yield rng.randrange(npods)
+
+
+def arrivals_until(workload: Workload, seed: int, pct: float = 100.0, draw: str = "trace-first") -> list[int]:
+    """The arrivals of `seed` up to and including the first one that brings the GPU units asked for to
+    `pct` % of the cluster's capacity (the arrival whose state the table reads at that mark)."""
+    pods = workload.pods
+    target = pct * workload.gpu_capacity
+    out: list[int] = []
+    requested = 0
+    for k in arrival_order(len(pods), seed, draw):
+        out.append(k)
+        requested += pods[k].gpu_request
+        if requested * 100 >= target:
+            return out
+    raise AssertionError("unreachable: the order is endless")  # pragma: no cover
 
 
 def build_policy(name: str, seed: int, workload: Workload) -> Policy:
@@ -99,7 +130,6 @@ def simulate(
     None when it failed). The arrivals depend on the seed alone, not on the policy, so the
     live-versus-simulated test replays them through the cluster and compares the placements."""
     started = time.perf_counter()
-    rng = random.Random(seed)
     capacity = workload.gpu_capacity
     if capacity <= 0:
         raise ValueError("the cluster has no GPU capacity")
@@ -148,17 +178,11 @@ def simulate(
 
     requested = placed = failed = arrivals = 0
     failed_units: dict[str, int] = {}
-    # The arrival order (see DRAWS): every trace pod once in a seeded random order, then draws with
-    # replacement; or draws with replacement from the start.
+    # The arrival order (see DRAWS and `arrival_order`), or the caller's `order` replayed to its end.
     if draw not in DRAWS:
         raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
-    pending: list[int] = []
-    if order is not None:
-        pending = list(reversed(order))  # popped from the end
-    elif draw == "trace-first":
-        pending = list(range(npods))
-        rng.shuffle(pending)
-        pending.reverse()
+    pending: list[int] = list(reversed(order)) if order is not None else []  # popped from the end
+    arriving = arrival_order(npods, seed, draw)
     target = tune * capacity
     marks = sorted(thresholds)
     next_mark = 0
@@ -167,7 +191,7 @@ def simulate(
     next_curve = 0.0
 
     while pending if order is not None else requested < target:
-        k = pending.pop() if pending else rng.randrange(npods)
+        k = pending.pop() if order is not None else next(arriving)
         arrivals += 1
         requested += pod_gpu[k]
         dix = pod_demand[k]
