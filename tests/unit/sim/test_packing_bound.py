@@ -55,7 +55,6 @@ def test_dual_bound_is_never_below_the_best_placement(seed):
     for _ in range(5):
         prices = {s: rng.uniform(0, s) for s in counts}
         assert bound.dual_bound(counts, whole, gpus, cap, prices) >= best - 1e-9
-    pytest.importorskip("scipy")  # the bench's LP solver (not a project dependency)
     lp, lp_prices, proven = bound.lp_prices(counts, whole, gpus, cap, exact=True)
     checked = bound.dual_bound(counts, whole, gpus, cap, lp_prices)
     assert checked == pytest.approx(lp, abs=1e-6)  # the LP's duals are optimal: no slack lost
@@ -68,7 +67,6 @@ def test_bound_is_tight_where_shares_pair_exactly():
     counts = Counter({6: 2, 4: 2})
     assert bound.dual_bound(counts, 0, 2, 10, {6: 0.0, 4: 0.0}) == 20
     assert bound.dual_bound(Counter({6: 3}), 1, 2, 10, {6: 0.0}) == 16  # u = 10 per GPU at zero prices
-    pytest.importorskip("scipy")
     lp, _, _ = bound.lp_prices(counts, 0, 2, 10)
     assert lp == pytest.approx(20)
     # Three 6s on two GPUs: one must fail, so at most 12 of 20 units; the whole-GPU pod takes none.
@@ -123,7 +121,6 @@ def test_arrivals_until_are_the_simulators_arrivals(seed):
 
 
 def test_place_all_bounds_only_placements_that_place_every_share():
-    pytest.importorskip("scipy")
     counts = Counter({6: 2, 4: 1})
     # Any placement: fail one 6 and give its GPU to the whole-GPU pod (6 + 4 + 10).
     assert bound.lp_prices(counts, 1, 2, 10, exact=True)[2] == pytest.approx(20)
