@@ -840,6 +840,7 @@ def main() -> int:
                 for binary in args.go_extender:
                     scenarios.append(Scenario(f"go {binary.name}", qps, GO, binary=binary, proxied=True))
             results = []
+            position = {(sc.label, sc.qps): i for i, sc in enumerate(scenarios)}  # rows print in this order
             for round_ in range(args.rounds):
                 round_results = []
                 for sc in round_order(scenarios, round_):
@@ -849,7 +850,6 @@ def main() -> int:
                     print(f"# round {round_ + 1}: {sc.label} qps={sc.qps}: {r['pods_per_s']:.1f} pods/s",
                           file=sys.stderr, flush=True)  # fmt: skip
                 alone = {r["qps"]: r["pods_per_s"] for r in round_results if r["label"] == "alone"}
-                position = {(sc.label, sc.qps): i for i, sc in enumerate(scenarios)}
                 for r in sorted(round_results, key=lambda r: position[(r["label"], r["qps"])]):
                     r["ratio"] = r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan")
                     results.append(r)

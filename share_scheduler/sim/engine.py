@@ -63,10 +63,13 @@ def arrival_order(npods: int, seed: int, draw: str = "trace-first") -> Iterator[
 
     The one place the order is made, so anything else that needs the arrivals of a seed
     (`bench/share_packing_bound.py`) gets exactly the simulator's."""
-    if draw not in DRAWS:
+    if draw not in DRAWS:  # checked here, at the call, not at the first next()
         raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
-    rng = random.Random(seed)
-    if draw == "trace-first":
+    return _arrivals(npods, random.Random(seed), draw == "trace-first")
+
+
+def _arrivals(npods: int, rng: random.Random, trace_first: bool) -> Iterator[int]:
+    if trace_first:
         first = list(range(npods))
         rng.shuffle(first)
         yield from first
@@ -179,10 +182,8 @@ def simulate(
     requested = placed = failed = arrivals = 0
     failed_units: dict[str, int] = {}
     # The arrival order (see DRAWS and `arrival_order`), or the caller's `order` replayed to its end.
-    if draw not in DRAWS:
-        raise ValueError(f"unknown draw {draw!r}: choose one of {', '.join(DRAWS)}")
-    pending: list[int] = list(reversed(order)) if order is not None else []  # popped from the end
     arriving = arrival_order(npods, seed, draw)
+    pending: list[int] = list(reversed(order)) if order is not None else []  # popped from the end
     target = tune * capacity
     marks = sorted(thresholds)
     next_mark = 0

@@ -183,6 +183,7 @@ def test_stop_wakes_workers_blocked_in_accept_and_refuses_new_connections() -> N
         return [b"no such route"]
 
     server = ExtenderServer(app, {}, "127.0.0.1", 0, threads=8, grace=10.0)
+    assert server.sock.gettimeout() is None  # a timed accept polls first: every idle worker woke per connection
     server.start()
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as c:  # accepted and served
         c.sendall(b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
