@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import logging
 import re
-import stat
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
@@ -53,13 +51,12 @@ from share_plugin.matcher import (
     match_allocation,
     runs_without_gpu,
 )
+from share_plugin.mps import control_problem
 from share_plugin.podresources import PodResourcesUnavailable
 
 log = logging.getLogger(__name__)
 
 
-# The control daemon's named pipe in CUDA_MPS_PIPE_DIRECTORY: CUDA clients reach the daemon through it.
-MPS_CONTROL_PIPE = "control"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +118,8 @@ class Allocator:
             return None
 
     def mps_problem(self) -> str | None:
-        """Why the MPS control daemon cannot be reached (its control pipe is missing), or None."""
-        pipe = Path(self.mps_pipe_dir) / MPS_CONTROL_PIPE
-        try:
-            if stat.S_ISFIFO(pipe.stat().st_mode):
-                return None
-            return f"{pipe} is not a FIFO"
-        except OSError as exc:
-            return f"{pipe}: {exc.strerror or exc}"
+        """Why the MPS control daemon cannot be reached (share_plugin.mps), or None."""
+        return control_problem(self.mps_pipe_dir)
 
     def allocate(self, device_ids: list[str]) -> ContainerAnswer:
         """What the container kubelet is starting with `device_ids` gets (env, mounts, CDI devices);

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -660,7 +663,10 @@ def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == args.mps_pipe_dir
     assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare-test/mps/log"
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
-    assert daemon["startupProbe"]["exec"]["command"] == ["test", "-p", args.mps_pipe_dir + "/control"]
+    # CUDA 13's daemon listens on a socket there (an H100, driver 580); older ones made a named pipe
+    probe = ["sh", "-c", 'test -S "$0" || test -p "$0"', args.mps_pipe_dir + "/control"]
+    assert daemon["startupProbe"]["exec"]["command"] == probe
+    assert daemon["livenessProbe"]["exec"]["command"] == probe
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["mps"]["hostPath"] == {"path": "/run/gpushare-test/mps", "type": "DirectoryOrCreate"}
     assert volumes["mps-shm"]["hostPath"]["path"] == args.mps_shm_dir
@@ -670,6 +676,21 @@ def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
     assert pmount["readOnly"] is True and args.mps_pipe_dir.startswith(pmount["mountPath"])
     assert daemon["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert daemon["resources"]["limits"]["memory"] == "256Mi"
+
+
+def test_mps_daemon_probe_passes_on_a_socket_or_a_named_pipe_only(all_docs: list[Obj], tmp_path: Path) -> None:
+    """The probe's command, run: CUDA 13's socket and an older daemon's FIFO pass, nothing else does."""
+    command = h.container(daemonset(all_docs), "mps-control-daemon")["startupProbe"]["exec"]["command"]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(str(tmp_path / "sock"))
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("")
+    try:
+        for name, passes in (("sock", True), ("fifo", True), ("file", False), ("missing", False)):
+            rc = subprocess.run([*command[:-1], str(tmp_path / name)], check=False).returncode
+            assert (rc == 0) is passes, (name, rc)
+    finally:
+        sock.close()
 
 
 def test_pod_monitor_only_when_enabled_and_served(helm: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class SimNode:
     kubelet: KubeletStandIn
     allocator: Allocator
     dir: str
+    mps_daemon: socket.socket | None = None  # the control daemon's listening socket, in MPS mode
 
     def uuid(self, index: int) -> str:
         return self.backend.gpus()[index].uuid
@@ -99,9 +101,9 @@ def start_node(
     **kubelet_kw: Any,
 ) -> SimNode:
     d = _short_dir()
-    if mps and mps_daemon:  # the MPS control daemon's pipe, as nvidia-cuda-mps-control creates it
-        os.makedirs(f"{d}/mps")
-        os.mkfifo(f"{d}/mps/control")
+    daemon = None
+    if mps and mps_daemon:  # the MPS control daemon's endpoint, as nvidia-cuda-mps-control (CUDA 13) listens
+        daemon = listen_like_mps_control(f"{d}/mps")
     kube = kube or FakeKube()
     if NODE not in kube.nodes:
         # The version a kubelet with these PodResources semantics reports (before 1.34: every pod listed).
@@ -122,10 +124,22 @@ def start_node(
     plugin = DevicePlugin(config, backend, allocator, publisher)
     plugin.start()
     kubelet.wait_for(lambda: bool(kubelet.devices), 10, "device list")
-    return SimNode(kube, backend, plugin, kubelet, allocator, d)
+    return SimNode(kube, backend, plugin, kubelet, allocator, d, daemon)
+
+
+def listen_like_mps_control(pipe_dir: str) -> socket.socket:
+    """A SOCK_SEQPACKET listener at <pipe_dir>/control, the endpoint CUDA 13's control daemon opens (seen on
+    an H100, driver 580); closing it leaves the file behind, as the daemon does when it exits."""
+    os.makedirs(pipe_dir, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.bind(f"{pipe_dir}/control")
+    sock.listen(8)
+    return sock
 
 
 def stop_node(node: SimNode) -> None:
+    if node.mps_daemon is not None:
+        node.mps_daemon.close()
     node.plugin.stop()
     node.kubelet.stop()
     shutil.rmtree(node.dir, ignore_errors=True)

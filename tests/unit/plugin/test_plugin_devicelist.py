@@ -92,6 +92,20 @@ def test_mps_daemon_down_refuses_allocate_with_the_reason() -> None:
         stop_node(node)
 
 
+def test_mps_daemon_that_exited_is_not_trusted_for_its_socket() -> None:
+    """The daemon's socket outlives it; a client would run without MPS and without the hard limit."""
+    node = start_node("2xT4:16GiB", mps=True)
+    try:
+        assert node.mps_daemon is not None
+        node.mps_daemon.close()  # the daemon exits: its socket file stays
+        p = node.add(make_pod("stale", [("m", 2)]), [0], 2, 1)
+        with pytest.raises(AdmissionError, match=r"MPS control daemon is not running .*no daemon listens"):
+            node.kubelet.admit(p)
+        assert node.kube.pods[("default", "stale")]["metadata"]["annotations"]["gpushare.io/assigned"] == "false"
+    finally:
+        stop_node(node)
+
+
 def test_mig_instances_are_published_and_a_new_layout_republished(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
