@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-matrix unit integration demo lint venv k8s-bins containerd node-deps node-images image-deps image proto bench clean
+.PHONY: test gpu-test test-matrix unit integration demo lint venv k8s-bins containerd node-deps node-images image-deps image proto bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,13 @@ integration: venv k8s-bins containerd node-deps node-images image
 test: venv k8s-bins containerd node-deps node-images image lint
 	$(PY) -m pytest tests -q
 	PYTHON=$(abspath $(PY)) hack/test-matrix.sh --oldest
+
+# The GPU tier (tests/gpu, docs/testing.md): NVML, CUDA processes in pods' cgroups, over-limit kill, MPS
+# and the samples on a real NVIDIA GPU. Root, and a Python with PyTorch and JAX (GPU_PYTHON) beside our
+# dependencies. `make test` does not collect it (no GPU in CI); here it fails, never skips, without one.
+GPU_PYTHON ?= python3
+gpu-test:
+	GPUSHARE_GPU_PYTHON=$(GPU_PYTHON) $(GPU_PYTHON) -m pytest tests/gpu --gpu -v -s -p no:cacheprovider
 
 # The integration tier on each supported minor at its newest patch (hack/build-k8s.sh --list);
 # `hack/test-matrix.sh 1.33 1.37` runs some. GPUSHARE_K8S_VERSION=1.33 picks one for any pytest run.

@@ -2,6 +2,8 @@
 
     python jax_limit.py
 
+HOLD_SECONDS (default 0) keeps the pool that long afterwards, so the monitor's figure can be looked at.
+
 XLA preallocates 75 % of every GPU by default, which would take memory other pods were promised.
 The fraction (one value for every device: the smallest of ours) caps the preallocated pool.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from gpushare_limits import load_or_exit
 
@@ -32,7 +35,8 @@ def main() -> int:
         limit = stats.get("bytes_limit")
         print(f"jax: {d} pool limit {limit >> 20 if limit else '?'} MiB (share {share.limit_mib} MiB)")
     x = jnp.ones((1024, 1024))
-    print(f"jax: computed {float((x @ x).sum()):.0f} within the share")
+    print(f"jax: computed {float((x @ x).sum()):.0f} within the share", flush=True)
+    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
     return 0
 
 

@@ -2,6 +2,9 @@
 
     python pytorch_limit.py            # in a pod with nvidia.com/gpu-mem and schedulerName gpushare-scheduler
 
+HOLD_SECONDS (default 0) keeps the memory that long after the demonstration, so that what the device
+plugin's monitor measures for the container (`kubectl inspect gpushare`, the metrics) can be looked at.
+
 torch.cuda.set_per_process_memory_fraction(f, device) makes allocations beyond f x the device's
 memory raise torch.cuda.OutOfMemoryError in this process, instead of taking memory other pods
 were promised. f = GPUSHARE_MEM_LIMIT_MIB / GPUSHARE_MEM_TOTAL_MIB (see gpushare_limits.py).
@@ -9,7 +12,9 @@ were promised. f = GPUSHARE_MEM_LIMIT_MIB / GPUSHARE_MEM_TOTAL_MIB (see gpushare
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 from gpushare_limits import load_or_exit
 
@@ -37,7 +42,11 @@ def main() -> int:
             held.append(torch.empty(block, dtype=torch.uint8, device="cuda:0"))
     except torch.cuda.OutOfMemoryError:
         used = len(held) * block
-        print(f"pytorch: allocator stopped at {used >> 20} MiB (limit {limit_bytes >> 20} MiB): the share holds")
+        print(
+            f"pytorch: allocator stopped at {used >> 20} MiB (limit {limit_bytes >> 20} MiB): the share holds",
+            flush=True,
+        )
+    time.sleep(float(os.environ.get("HOLD_SECONDS", "0")))
     return 0
 
 

@@ -21,6 +21,7 @@ from share_core.contract import ANN_GPU_COUNT, RESOURCE_MEM, SCHEDULER_NAME, Mem
 from share_core.fake import FakeKube
 from share_core.retry import Backoff
 from share_plugin.allocator import Allocator
+from share_plugin.backend import GpuBackend
 from share_plugin.backend.sim import SimBackend
 from share_plugin.podresources import PodResourcesClient
 from share_plugin.publisher import Publisher
@@ -69,7 +70,7 @@ def assign(pod: dict[str, Any], indices: list[int], uuids: list[str], total: int
 @dataclass
 class SimNode:
     kube: FakeKube
-    backend: SimBackend
+    backend: GpuBackend
     plugin: DevicePlugin
     kubelet: KubeletStandIn
     allocator: Allocator
@@ -98,8 +99,10 @@ def start_node(
     kube: FakeKube | None = None,
     device_list_strategy: str = "envvar",
     mps_daemon: bool = True,
+    backend: GpuBackend | None = None,
     **kubelet_kw: Any,
 ) -> SimNode:
+    """A node of `gpus` (the sim backend), or of `backend`'s GPUs (the GPU tier passes NVML's)."""
     d = _short_dir()
     daemon = None
     if mps and mps_daemon:  # the MPS control daemon's endpoint, as nvidia-cuda-mps-control (CUDA 13) listens
@@ -110,7 +113,7 @@ def start_node(
         version = "v1.33.13" if kubelet_kw.get("list_all_pods") else "v1.36.3"
         status = {"capacity": {}, "nodeInfo": {"kubeletVersion": version}}
         kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": status})
-    backend = SimBackend(gpus, NODE, poll_interval=0.05)
+    backend = backend or SimBackend(gpus, NODE, poll_interval=0.05)
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock", **kubelet_kw)
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, RESOURCE_MEM) if pod_resources else None
