@@ -1,7 +1,8 @@
 """The monitor's cost: one poll of a node with 8 GPUs and 100 GPU processes in 100 pods, as CPU time.
 
-Everything but NVML and the API server is real: the nvml backend against an NVML stand-in (a real driver's
-nvmlDeviceGetComputeRunningProcesses is a few microseconds per GPU), 100 `/proc/<pid>/cgroup` files read
+Everything but NVML and the API server is real: the nvml backend against an NVML stand-in (on a real GPU,
+bench/bench_nvml_readings.py: 14 us per poll of an idle H200, 99 us with 8 CUDA processes, 782 us with 32,
+driver 580), 100 `/proc/<pid>/cgroup` files read
 from disk and parsed, 100 pods indexed, attribution, decisions, the metrics scrape text. The pod list is
 cached between polls (as in the plugin); the figure divides the CPU time of one poll plus one Prometheus
 scrape by the default interval. The issue's budget: under 2% of one core.
