@@ -276,8 +276,11 @@ class MpsDaemon:
         )
         self.proc.wait(30)
 
-    def log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in (self.root / "log").glob("*.log"))
+    def stdout(self) -> str:
+        return (self.root / "stdout").read_text(errors="replace")
+
+    def log_files(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "log").iterdir())
 
 
 @pytest.fixture
@@ -289,9 +292,8 @@ def mps_daemon() -> Iterator[MpsDaemon]:
     (root / "pipe").mkdir()
     (root / "log").mkdir()
     env = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
-    proc = subprocess.Popen(
-        [binary, "-f"], env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-    )
+    with (root / "stdout").open("wb") as out:  # what `kubectl logs -c mps-control-daemon` would show
+        proc = subprocess.Popen([binary, "-f"], env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     daemon = MpsDaemon(root, proc)
     try:
         wait_for("the MPS control daemon", lambda: control_problem(daemon.pipe_dir) is None, 15)

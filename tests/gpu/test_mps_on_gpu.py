@@ -19,6 +19,9 @@ def test_the_plugin_finds_the_daemon_and_notices_it_gone(mps_daemon: MpsDaemon) 
     print(f"\n{control}: socket {control.is_socket()}, named pipe {control.is_fifo()}")
     assert control_problem(mps_daemon.pipe_dir) is None
     mps_daemon.quit()
+    # in the foreground (-f, as the chart runs it) the daemon logs to its stdout: the container's log
+    assert f"Starting control daemon using socket {control}" in mps_daemon.stdout()
+    print("log directory:", mps_daemon.log_files())
     assert control.exists()  # the daemon leaves its endpoint behind ...
     problem = control_problem(mps_daemon.pipe_dir)
     assert problem is not None and "no daemon listens" in problem  # ... and the check is not fooled by it
