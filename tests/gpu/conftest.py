@@ -85,13 +85,17 @@ def share_env(gpu: Gpu, limit_mib: int, *, mps_pipe_dir: str | None = None) -> d
     return {**env, "CUDA_VISIBLE_DEVICES": gpu.uuid}
 
 
+def child_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """`env` over a copy of ours without MPS variables: a child is an MPS client only when a test says so."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}, **(env or {})}
+
+
 def run_python(
     args: list[str], env: Mapping[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess:
-    """A CUDA program to its end, with `env` over a clean copy of ours (no MPS variables leak in)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    """A CUDA program, to its end."""
     return subprocess.run(
-        [PYTHON, *args], env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout, check=False
+        [PYTHON, *args], env=child_env(env), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -129,10 +133,9 @@ def running(
     before_cuda: Callable[[int], None] | None = None,
 ) -> Iterator[CudaProcess]:
     """A CUDA program, from the line of output that starts with `ready` to the end of the block (then killed)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
     proc = subprocess.Popen(
         [PYTHON, *args],
-        env={**base, **(env or {})},
+        env=child_env(env),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
