@@ -260,6 +260,11 @@ def container_id() -> str:
 # -- the MPS control daemon, as the chart's mps-control-daemon container runs it ------------------------------
 
 
+def mps_env(root: Path) -> dict[str, str]:
+    """The chart's mps-control-daemon env, under `root` instead of mpsRoot; its clients need the same."""
+    return {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
+
+
 @dataclass
 class MpsDaemon:
     root: Path
@@ -270,7 +275,7 @@ class MpsDaemon:
         return str(self.root / "pipe")
 
     def env(self) -> dict[str, str]:
-        return {"CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": str(self.root / "log")}
+        return mps_env(self.root)
 
     def quit(self) -> None:
         """`quit` through the control command, as an operator would; the daemon ends its servers and exits."""
@@ -294,7 +299,7 @@ def mps_daemon() -> Iterator[MpsDaemon]:
     root = Path(tempfile.mkdtemp(prefix="mps", dir="/tmp"))  # short: unix socket paths are limited
     (root / "pipe").mkdir()
     (root / "log").mkdir()
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
+    env = mps_env(root)
     with (root / "stdout").open("wb") as out:  # what `kubectl logs -c mps-control-daemon` would show
         proc = subprocess.Popen([binary, "-f"], env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     daemon = MpsDaemon(root, proc)
