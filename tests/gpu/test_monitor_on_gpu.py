@@ -4,6 +4,7 @@ any pod left alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 import pytest
@@ -82,6 +83,24 @@ def test_over_limit_is_warned_then_only_the_offender_is_ended(
             lambda: hog_proc.pid not in {p for c in mon.poll_once().containers for p in c.pids},
         )
         assert calm_proc.alive() and mon.stats.kills == 1
+
+
+def test_a_container_on_a_gpu_its_pod_was_not_given_is_over_at_once(
+    nvml: NvmlBackend, gpu: Gpu, pod_cgroups: PodCgroups
+) -> None:
+    """Isolation: a pod placed on another GPU whose program reaches this one (a forged NVIDIA_VISIBLE_DEVICES)
+    has a limit of 0 here, so any use is over, and the Event says the GPU was not assigned to it."""
+    kube = FakeKube()
+    cid = container_id()
+    elsewhere = dataclasses.replace(gpu, index=gpu.index + 1, uuid="GPU-00000000-0000-0000-0000-0000000000ff")
+    pod = kube.add_pod(running_pod("forger", [("main", 8, cid)], elsewhere))
+    cgroup = pod_cgroups.container(pod["metadata"]["uid"], cid)
+    with holding(256, share_env(gpu, 8192), before_cuda=lambda pid: pod_cgroups.move(pid, cgroup)):
+        c = of(monitor(nvml, kube, OverLimitMode.WARN).poll_once(), "forger", "main")
+    assert c.limit_bytes == 0 and c.over
+    (event,) = kube.events
+    assert event["reason"] == EVENT_OVER_LIMIT
+    assert f"GPU {gpu.index} ({gpu.uuid}) was not assigned to it" in event["message"]
 
 
 @pytest.mark.parametrize(
