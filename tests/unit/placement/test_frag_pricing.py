@@ -18,6 +18,7 @@ from fractions import Fraction
 
 import pytest
 
+from share_scheduler.patterns import GapPrices
 from share_scheduler.placement import (
     Demand,
     FragPolicy,
@@ -31,7 +32,6 @@ from share_scheduler.placement import (
     fragmentation_units,
     group_aggregates,
 )
-from share_scheduler.patterns import GapPrices
 
 MODELS = ("T4", "V100", "A100")
 

@@ -116,9 +116,7 @@ def test_best_pattern_is_the_knapsack_optimum():
         pat = best_pattern(sizes, values, cap)
         assert sum(c * s for c, s in zip(pat, sizes, strict=True)) <= cap
         got = sum(c * v for c, v in zip(pat, values, strict=True))
-        want = max(
-            (sum(c * v for c, v in zip(p, values, strict=True)) for p in bound.patterns(sizes, cap)), default=0
-        )
+        want = max((sum(c * v for c, v in zip(p, values, strict=True)) for p in bound.patterns(sizes, cap)), default=0)
         assert got == want
 
 
