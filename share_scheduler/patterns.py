@@ -159,9 +159,11 @@ class GapPrices:
         self.price = {s: p * capacity for s, p in self.lp.prices.items()}
         priced = sorted(s for s, p in self.price.items() if p > 0)
         self._g = math.gcd(*priced) if priced else 1
+        # K in integers: every price x their common denominator (exact, and fast to compare and add).
+        self._den = math.lcm(*(p.denominator for p in self.price.values())) if self.price else 1
         self._sizes = [s // self._g for s in priced]
-        self._values = [self.price[s] for s in priced]
-        self._k: list[Fraction] = [Fraction(0)]
+        self._values = [int(self.price[s] * self._den) for s in priced]
+        self._k: list[int] = [0]
         self._extend(capacity // self._g)
 
     def _extend(self, r_max: int) -> None:
@@ -175,16 +177,19 @@ class GapPrices:
                         b = c
             best.append(b)
 
-    def value(self, free: int) -> Fraction:
-        """K(free): the most a gap of `free` units earns at the LP's prices."""
+    def _value(self, free: int) -> int:
         r = free // self._g
         if r >= len(self._k):
             self._extend(r)
         return self._k[r]
+
+    def value(self, free: int) -> Fraction:
+        """K(free): the most a gap of `free` units earns at the LP's prices."""
+        return Fraction(self._value(free), self._den)
 
     def loss(self, free: int, size: int) -> Fraction:
         """K(free) - K(free - size) - pi(size): what a share of `size` on a GPU with `free` units loses."""
         p = self.price.get(size)
         if p is None:
             return Fraction(0)
-        return self.value(free) - self.value(free - size) - p
+        return Fraction(self._value(free) - self._value(free - size), self._den) - p
