@@ -89,6 +89,7 @@ def main() -> None:
     ap.add_argument("--policy", default=",".join(POLICIES))
     ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
     ap.add_argument("--per-pod", action="store_true", help="also print every pod's size and scoring time (ms)")
+    ap.add_argument("--gap-weight", type=float, help="frag's gap_weight (default: frag's own; 0: no LP gap price)")
     args = ap.parse_args()
     print(f"{args.nodes} nodes x 8 GPUs; per pod: score every node (ms), then choose on the best (us)")
     print(
@@ -99,7 +100,11 @@ def main() -> None:
         rng = random.Random(1)
         nodes = cluster(args.nodes, rng)
         demands = [Demand(rng.choice(SIZES), 1 if rng.random() < 0.95 else 2) for _ in range(args.binds)]
-        policy = make_policy(name)
+        policy = (
+            make_policy(name, gap_weight=args.gap_weight)
+            if name == "frag" and args.gap_weight is not None
+            else make_policy(name)
+        )
         for _ in range(2000):
             policy.observe(Demand(rng.choice(SIZES), 1 if rng.random() < 0.95 else 2))
         if not args.default_gc:
