@@ -50,9 +50,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from share_scheduler.placement import Demand, NodeView, eligible_positions, fragmentation_units, shift_aggregates
+from share_scheduler.placement import (
+    Demand,
+    FragPolicy,
+    NodeView,
+    eligible_positions,
+    fragmentation_units,
+    shift_aggregates,
+)
 from share_scheduler.sim import variants
-from share_scheduler.sim.engine import arrivals_until, build_policy
+from share_scheduler.sim.engine import arrivals_until
 from share_scheduler.sim.workload import Workload, load_openb
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
@@ -232,7 +239,9 @@ def gap_loss(counts: Mapping[int, int], capacity: int) -> Callable[[int, int], f
 def online_frag(workload: Workload, seed: int, loss: Callable[[int, int], float] | None, weight: float) -> float:
     """Unallocated % at arrived 100 % for `frag` (engine.simulate's loop and ties), with `weight` x
     `loss` added to the price of each GPU a sharing pod could take (None: frag as it is)."""
-    policy = build_policy("frag", seed, workload)
+    policy = FragPolicy(gap_weight=0)  # frag alone: the gap price is what this loop adds, or not
+    for pod in workload.pods:
+        policy.observe(pod.demand())
     unit = variants.gpu_unit(workload)
     views: list[NodeView] = [(tuple((n.model, g) for g in n.gpus), n.cpu, n.memory) for n in workload.nodes]
     members: dict[NodeView, list[int]] = {}
