@@ -539,6 +539,8 @@ class _Pricer:
     the node's (room, usable) per distinct (models, per_gpu) key: few keys, each a bisection. A
     placement's price is then a handful of integer operations per changed GPU, instead of a pass over
     every group for every candidate GPU, and equals `fragmentation_units(after) - ...(before)` exactly.
+    A single-GPU share's price also carries the LP gap price (`gap`), an integer per (size, free) that
+    every path adds alike.
     """
 
     def __init__(
@@ -914,7 +916,7 @@ class _Pricer:
 
 
 # frag's weight on the LP gap price (`_Pricer.gap`), in GPU units per unit of loss: large enough that the
-# loss decides first and frag's fragmentation price breaks its ties (see docs/policies.md).
+# loss decides first and frag's fragmentation price breaks its ties (docs/simulator.md, `frag` item 6).
 GAP_WEIGHT = 1000.0
 
 
