@@ -9,6 +9,9 @@ updated, so the cluster changes as it would. Reported per policy:
 - cold: the very first pod (every cache empty);
 - p50 / p99: over all pods, which include the first request of every size (cold for that size);
 - new size: a request of a size never seen before, on the warmed-up cluster;
+- learned new: a request of another new size that the policy observed first, as the extender's informer
+  sees a pending pod before filter asks about it: for `frag` a new class table, and its LP gap prices
+  solved (`share_scheduler/patterns.py`), within that first pass;
 - bind: choose() on the chosen node, mean microseconds;
 - p99 cpu: the p99 pod's scoring pass in CPU time of the scoring thread (the worst pod, as p99 is over
   fewer than 100 pods), for comparisons on a machine other jobs share.
@@ -33,6 +36,7 @@ from share_scheduler.syncer import settle_gc
 
 SIZES = (4, 8, 10, 16, 20, 40, 80)
 NEW_SIZE = 12  # never drawn above: the "first request of a new size" on a warm cluster
+LEARNED_SIZE = 24  # never drawn either: observed first, then asked for ("learned new")
 
 
 def cluster(n: int, rng: random.Random) -> list[NodeState]:
@@ -85,17 +89,22 @@ def main() -> None:
     ap.add_argument("--policy", default=",".join(POLICIES))
     ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
     ap.add_argument("--per-pod", action="store_true", help="also print every pod's size and scoring time (ms)")
+    ap.add_argument("--gap-weight", type=float, help="frag's gap_weight (default: frag's own; 0: no LP gap price)")
     args = ap.parse_args()
     print(f"{args.nodes} nodes x 8 GPUs; per pod: score every node (ms), then choose on the best (us)")
     print(
         f"{'policy':<10}{'cold':>9}{'p50':>9}{'p99':>9}{'new size':>10}{'per node (us)':>15}{'bind (us)':>11}"
-        f"{'p99 cpu':>9}"
+        f"{'p99 cpu':>9}{'learned new':>13}"
     )
     for name in args.policy.split(","):
         rng = random.Random(1)
         nodes = cluster(args.nodes, rng)
         demands = [Demand(rng.choice(SIZES), 1 if rng.random() < 0.95 else 2) for _ in range(args.binds)]
-        policy = make_policy(name)
+        policy = (
+            make_policy(name, gap_weight=args.gap_weight)
+            if name == "frag" and args.gap_weight is not None
+            else make_policy(name)
+        )
         for _ in range(2000):
             policy.observe(Demand(rng.choice(SIZES), 1 if rng.random() < 0.95 else 2))
         if not args.default_gc:
@@ -106,12 +115,15 @@ def main() -> None:
             scores.append(s)
             binds.append(b)
         new_size, _ = one_pod(policy, nodes, Demand(NEW_SIZE))
+        policy.observe(Demand(LEARNED_SIZE))
+        learned, _ = one_pod(policy, nodes, Demand(LEARNED_SIZE))
         ordered = sorted(scores)
         p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
         p50 = statistics.median(scores)
         print(
             f"{name:<10}{scores[0] * 1e3:>9.1f}{p50 * 1e3:>9.1f}{p99 * 1e3:>9.1f}{new_size * 1e3:>10.1f}"
             f"{p50 / args.nodes * 1e6:>15.2f}{statistics.mean(binds) * 1e6:>11.1f}{max(cpu) * 1e3:>9.1f}"
+            f"{learned * 1e3:>13.1f}"
         )
         if args.per_pod:
             print("  " + " ".join(f"{d.per_gpu}x{d.count}:{s * 1e3:.1f}" for d, s in zip(demands, scores, strict=True)))

@@ -34,6 +34,11 @@ prototype adds `--weight` x that loss to frag's price of every candidate GPU.
     python bench/share_packing_bound.py [--pods ...openb_pod_list_default.csv] [--variant gpushare=60]
     python bench/share_packing_bound.py --per-seed 10 --bound [--exact]
     python bench/share_packing_bound.py --online 10 [--weight 1000] [--variant ...]
+    python bench/share_packing_bound.py --lp [--variant ...]
+
+`--lp`: the product's own solver of that LP (`share_scheduler/patterns.py`, pure Python, exact) on the
+trace's learned share sizes: its solve time, pivots and optimum, and its prices against HiGHS's (when
+scipy is installed). `frag` solves it once per learned table, on first use.
 """
 
 from __future__ import annotations
@@ -45,9 +50,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from share_scheduler.placement import Demand, NodeView, eligible_positions, fragmentation_units, shift_aggregates
+from share_scheduler.placement import (
+    Demand,
+    FragPolicy,
+    NodeView,
+    eligible_positions,
+    fragmentation_units,
+    shift_aggregates,
+)
 from share_scheduler.sim import variants
-from share_scheduler.sim.engine import arrivals_until, build_policy
+from share_scheduler.sim.engine import arrivals_until
 from share_scheduler.sim.workload import Workload, load_openb
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
@@ -227,7 +239,9 @@ def gap_loss(counts: Mapping[int, int], capacity: int) -> Callable[[int, int], f
 def online_frag(workload: Workload, seed: int, loss: Callable[[int, int], float] | None, weight: float) -> float:
     """Unallocated % at arrived 100 % for `frag` (engine.simulate's loop and ties), with `weight` x
     `loss` added to the price of each GPU a sharing pod could take (None: frag as it is)."""
-    policy = build_policy("frag", seed, workload)
+    policy = FragPolicy(gap_weight=0)  # frag alone: the gap price is what this loop adds, or not
+    for pod in workload.pods:
+        policy.observe(pod.demand())
     unit = variants.gpu_unit(workload)
     views: list[NodeView] = [(tuple((n.model, g) for g in n.gpus), n.cpu, n.memory) for n in workload.nodes]
     members: dict[NodeView, list[int]] = {}
@@ -308,6 +322,37 @@ def online(workload: Workload, seeds: int, weight: float) -> None:
     print(f"mean: {sum(a for a, _ in rows) / seeds:.3f}  {sum(b for _, b in rows) / seeds:.3f}")
 
 
+def lp_timing(workload: Workload, runs: int = 20) -> None:
+    """The pure-Python LP on the trace's share sizes: best and median solve time, and HiGHS's prices."""
+    import statistics
+    import time
+
+    from share_scheduler.patterns import GapPrices, solve_packing_lp
+
+    unit = variants.gpu_unit(workload)
+    counts = Counter(p.per_gpu for p in workload.pods if p.count == 1 and 0 < p.per_gpu < unit)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        lp = solve_packing_lp(counts, unit)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    GapPrices(counts, unit)
+    gap = time.perf_counter() - t0
+    print(f"{len(counts)} share sizes, GPU of {unit}: {float(lp.bins):.3f} GPUs at the LP optimum, {lp.pivots} pivots")
+    print(
+        f"solve: best {min(times) * 1e3:.2f} ms, median {statistics.median(times) * 1e3:.2f} ms over {runs}; "
+        f"with the gap table K up to one GPU: {gap * 1e3:.2f} ms"
+    )
+    print("prices (x GPU): " + " ".join(f"{s}:{lp.prices[s]}" for s in sorted(lp.prices)))
+    try:
+        highs = min_bins_prices(counts, unit)
+    except ImportError:
+        return
+    diff = max(abs(float(lp.prices[s]) * unit - highs[s]) for s in counts)
+    print(f"largest difference from HiGHS's prices: {diff:.2e} units")
+
+
 def per_seed(workload: Workload, seeds: int, bound: bool, exact: bool, place_all: bool = False) -> None:
     """One row per seed: the arrivals up to arrived 100 %, their offline packings and the lower bound."""
     unit = variants.gpu_unit(workload)
@@ -360,10 +405,14 @@ def main() -> None:
     )
     ap.add_argument("--online", type=int, metavar="N", help="seeds 0..N-1: frag with the LP's gap price (needs scipy)")
     ap.add_argument("--weight", type=float, default=1000.0, help="with --online: the gap price's weight (1000)")
+    ap.add_argument("--lp", action="store_true", help="time the product's pure-Python LP on the trace's shares")
     args = ap.parse_args()
     workload = load_openb(args.nodes, args.pods)
     if args.variant:
         workload = variants.derive(workload, args.variant)
+    if args.lp:
+        lp_timing(workload)
+        return
     if args.online:
         online(workload, args.online, args.weight)
         return

@@ -24,6 +24,8 @@ from itertools import accumulate, repeat
 from operator import itemgetter
 from typing import Any, Protocol
 
+from share_scheduler.patterns import GapPrices
+
 NEG_INF = float("-inf")
 _MISSING = object()
 
@@ -537,12 +539,21 @@ class _Pricer:
     the node's (room, usable) per distinct (models, per_gpu) key: few keys, each a bisection. A
     placement's price is then a handful of integer operations per changed GPU, instead of a pass over
     every group for every candidate GPU, and equals `fragmentation_units(after) - ...(before)` exactly.
+    A single-GPU share's price also carries the LP gap price (`gap`), an integer per (size, free) that
+    every path adds alike.
     """
 
-    def __init__(self, table: WorkloadTable, wa: int, wb: int) -> None:
+    def __init__(
+        self, table: WorkloadTable, wa: int, wb: int, gap_weight: Fraction = Fraction(0), gpu_unit: int | None = None
+    ) -> None:
         self.table = table
         self.wa, self.keep_w = wa, wb - wa
         self.total_w = table.weight * wb  # units per unit of free capacity
+        # The LP gap price (`gap`): solved on first use, once per table; None until then.
+        self._gap_scale = gap_weight * self.total_w
+        self._gpu_unit = gpu_unit
+        self._gap_prices: GapPrices | None = None
+        self._gaps: dict[int, dict[int, int] | None] = {}
         self.singles = tuple((g.models, g.per_gpu, g.weight) for g in table.groups if g.count == 1)
         multi: dict[tuple[tuple[str, ...], int], list[tuple[int, int]]] = {}
         for g in table.groups:
@@ -580,6 +591,46 @@ class _Pricer:
                 if free >= per and (not models or _model_allowed(models, model)):
                     v += weight * (keep_w * free + wa * per * (free // per))
             self.values[key] = v
+        return v
+
+    def gap_prices(self) -> GapPrices | None:
+        """The bin-packing LP's prices of the learned share sizes (`patterns.GapPrices`), solved once per
+        table on first use (a few ms for ~20 sizes); None when the gap price is off or nothing is shared.
+
+        Shares are the single-GPU classes asking less than a GPU: `gpu_unit` when the caller knows it
+        (share-sim: the largest GPU), else the largest per-GPU request learned (a whole-GPU pod's)."""
+        gp = self._gap_prices
+        if gp is None and self._gap_scale:
+            groups = self.table.groups
+            unit = self._gpu_unit or max((g.per_gpu for g in groups), default=0)
+            counts: dict[int, int] = {}
+            for g in groups:
+                if g.count == 1 and 0 < g.per_gpu < unit:
+                    counts[g.per_gpu] = counts.get(g.per_gpu, 0) + g.weight
+            if counts:
+                gp = self._gap_prices = GapPrices(counts, unit)
+        return gp
+
+    def gap_of(self, per: int) -> dict[int, int] | None:
+        """free -> `gap(free, per)` filled lazily, or None when a share of `per` has no gap price."""
+        d = self._gaps.get(per, _MISSING)
+        if d is _MISSING:
+            gp = self.gap_prices()
+            d = self._gaps[per] = {} if gp is not None and per in gp.price else None
+        return d  # type: ignore[return-value]
+
+    def gap(self, free: int, per: int) -> int:
+        """What a share of `per` on a GPU with `free` units loses at the LP's prices (`GapPrices.loss`),
+        x the policy's gap weight, in this pricer's integer units (rounded once: every path adds the
+        same integer, so the fast paths still equal the recount exactly)."""
+        d = self.gap_of(per)
+        if d is None:
+            return 0
+        v = d.get(free)
+        if v is None:
+            gp = self._gap_prices
+            assert gp is not None
+            v = d[free] = round(self._gap_scale * gp.loss(free, per))
         return v
 
     def single_loss(self, per: int) -> dict[tuple[str, int], int]:
@@ -707,7 +758,8 @@ class _Pricer:
         a = f - per
         qs = self.all_qs or ()
         lo = bisect_right(qs, a)
-        return self.value(m, f) - self.value(m, a) - per * self.total_w, lo, bisect_right(qs, f, lo)
+        d = self.value(m, f) - self.value(m, a) - per * self.total_w + self.gap(f, per)
+        return d, lo, bisect_right(qs, f, lo)
 
     def node_sig(self, gpus: GpuView) -> NodeSig:
         """What the fast paths need of a node's GPUs when the keys are unrestricted (`all_qs` not
@@ -863,6 +915,11 @@ class _Pricer:
         return d
 
 
+# frag's weight on the LP gap price (`_Pricer.gap`), in GPU units per unit of loss: large enough that the
+# loss decides first and frag's fragmentation price breaks its ties (docs/simulator.md, `frag` item 6).
+GAP_WEIGHT = 1000.0
+
+
 class FragPolicy(_ViewPolicy):
     """Least growth of expected fragmentation under the learned workload; best fit on ties."""
 
@@ -872,19 +929,28 @@ class FragPolicy(_ViewPolicy):
     MEMO_LIMIT = 400_000
     PREFIX_LIMIT = 50_000  # per-state running sums kept (a few hundred bytes each; 5,000 nodes need 5,000)
 
-    def __init__(self, fill_weight: float = 0.6, pressure: float = 3.0) -> None:
-        if not 0.0 <= fill_weight <= 1.0 or pressure < 0:
-            raise ValueError("frag: fill_weight must be in [0, 1] and pressure non-negative")
+    def __init__(
+        self,
+        fill_weight: float = 0.6,
+        pressure: float = 3.0,
+        gap_weight: float = GAP_WEIGHT,
+        gpu_unit: int | None = None,
+    ) -> None:
+        if not 0.0 <= fill_weight <= 1.0 or pressure < 0 or gap_weight < 0:
+            raise ValueError("frag: fill_weight must be in [0, 1], pressure and gap_weight non-negative")
         self.fill_weight = fill_weight
         self._wa, self._wb = fill_ratio(fill_weight)
         self.pressure = pressure
+        self.gap_weight = gap_weight
+        self._gap_w = Fraction(gap_weight).limit_denominator(1000)
+        self.gpu_unit = gpu_unit
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
         self._observed = 0
         self._table_observed = 0
         self._dirty = False
         self._table = WorkloadTable((), 0)
-        self._pricer = _Pricer(self._table, self._wa, self._wb)
+        self._pricer = _Pricer(self._table, self._wa, self._wb, self._gap_w, gpu_unit)
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
         self._sums_memo: dict[GpuView, KeySums] = {}
@@ -917,7 +983,7 @@ class FragPolicy(_ViewPolicy):
             with self._lock:
                 if self._dirty:
                     table = WorkloadTable.from_counts(self._counts)
-                    pricer = _Pricer(table, self._wa, self._wb)
+                    pricer = _Pricer(table, self._wa, self._wb, self._gap_w, self.gpu_unit)
                     if [(g.models, g.per_gpu) for g in table.groups] != [
                         (g.models, g.per_gpu) for g in self._table.groups
                     ]:
@@ -1093,6 +1159,7 @@ class FragPolicy(_ViewPolicy):
         # What the single-GPU groups lose when this demand takes one GPU (model, free): the same on
         # every node, so one dict per size serves them all.
         single = pricer.single_loss(per)
+        gaps = pricer.gap_of(per)
         keys = pricer.keys
         prefixes: dict[str, Prefix] = {}
         best_d = best_left = 0
@@ -1106,6 +1173,9 @@ class FragPolicy(_ViewPolicy):
             d = single.get(g)
             if d is None:
                 d = single[g] = pricer.value(m, f) - pricer.value(m, a) - per * pricer.total_w
+            if gaps is not None:
+                x = gaps.get(f)
+                d += pricer.gap(f, per) if x is None else x
             if keys:
                 pre = prefixes.get(m)
                 if pre is None:
@@ -1280,7 +1350,7 @@ class FragPolicy(_ViewPolicy):
             for chosen in candidates:
                 if len(chosen) == 1:
                     m, f = gpus[chosen[0]]
-                    delta = pricer.delta_one(sums, m, f, f - per)
+                    delta = pricer.delta_one(sums, m, f, f - per) + pricer.gap(f, per)
                 else:
                     delta = pricer.delta(sums, [(gpus[i][0], gpus[i][1], gpus[i][1] - per) for i in chosen])
                 left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
@@ -1300,7 +1370,7 @@ class FragPolicy(_ViewPolicy):
                         table,
                         self._wa,
                         self._wb,
-                    )
+                    ) + pricer.gap(f, per)
                 else:
                     after_gpus = list(gpus)
                     for i in chosen:

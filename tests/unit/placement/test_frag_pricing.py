@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import random
 from bisect import bisect_right
+from fractions import Fraction
 
 import pytest
 
+from share_scheduler.patterns import GapPrices
 from share_scheduler.placement import (
     Demand,
     FragPolicy,
@@ -147,8 +149,37 @@ def test_incremental_prices_equal_the_recount_exactly():
             assert pricer.delta(sums, changes) == want - before
 
 
+_GAPS: dict = {}
+
+
+def reference_loss(policy: FragPolicy, free: int, per: int) -> Fraction:
+    """The LP gap loss of a share of `per` where `free` is free, solved here from the table's counts:
+    the single-GPU classes below a GPU (the policy's `gpu_unit`, else the largest request learned)."""
+    t = policy.table
+    unit = policy.gpu_unit or max((g.per_gpu for g in t.groups), default=0)
+    counts: dict[int, int] = {}
+    for g in t.groups:
+        if g.count == 1 and 0 < g.per_gpu < unit:
+            counts[g.per_gpu] = counts.get(g.per_gpu, 0) + g.weight
+    if not counts or not policy.gap_weight:
+        return Fraction(0)
+    key = (tuple(sorted(counts.items())), unit)
+    gp = _GAPS.get(key)
+    if gp is None:
+        gp = _GAPS[key] = GapPrices(counts, unit)
+    return gp.loss(free, per)
+
+
+def reference_gap(policy: FragPolicy, free: int, per: int) -> int:
+    """`reference_loss` x the gap weight, in the exact units `fragmentation_units` counts in."""
+    wb = fill_ratio(policy.fill_weight)[1]
+    w = Fraction(policy.gap_weight).limit_denominator(1000)
+    return round(w * policy.table.weight * wb * reference_loss(policy, free, per))
+
+
 def reference_evaluate(policy: FragPolicy, view, demand: Demand):
-    """frag's decision by recounting the node for every candidate (the general path, no shortcuts)."""
+    """frag's decision by recounting the node for every candidate (the general path, no shortcuts),
+    plus the LP gap price for a single-GPU demand."""
     elig = eligible_positions(view, demand)
     if elig is None:
         return None
@@ -172,6 +203,8 @@ def reference_evaluate(policy: FragPolicy, view, demand: Demand):
             after[i] = (after[i][0], after[i][1] - demand.per_gpu)
         taken = demand.per_gpu * len(chosen)
         delta = fragmentation_units(total - taken, group_aggregates(tuple(after), t), cpu_after, t, wa, wb) - before
+        if demand.count == 1:
+            delta += reference_gap(policy, gpus[chosen[0]][1], demand.per_gpu)
         left = sum(gpus[i][1] for i in chosen) - taken
         if best is None or (delta, left) < best[:2]:
             best = (delta, left, chosen)
@@ -181,6 +214,7 @@ def reference_evaluate(policy: FragPolicy, view, demand: Demand):
 @pytest.mark.parametrize("cpu", [False, True])
 def test_fast_paths_decide_exactly_as_a_recount(cpu):
     rng = random.Random(3 + cpu)
+    priced = 0
     for _ in range(60):
         unit = rng.choice((80, 1000))
         p = FragPolicy()
@@ -194,6 +228,9 @@ def test_fast_paths_decide_exactly_as_a_recount(cpu):
             models = (rng.choice(MODELS).lower(),) if rng.random() < 0.2 else ()
             d = Demand(per, count, models, rng.choice((0, 4000)) if cpu else 0)
             assert p.evaluate(view, d) == reference_evaluate(p, view, d)
+            if count == 1:
+                priced += any(reference_gap(p, f, per) for _, f in view[0] if f >= per)
+    assert priced > 30  # the gap price took part, not only frag's own
 
 
 def test_the_exact_scores_choose_the_nodes_the_float_scores_chose():
@@ -240,6 +277,8 @@ def float_score(policy: FragPolicy, view, demand: Demand) -> float | None:
     cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
     if chosen:
         delta += policy.pressure * policy.model_pressure(gpus[chosen[0]][0]) * demand.per_gpu * len(chosen)
+    if demand.count == 1:
+        delta += policy.gap_weight * float(reference_loss(policy, gpus[chosen[0]][1], demand.per_gpu))
     return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term))
 
 
@@ -296,10 +335,13 @@ def test_shared_state_tables_decide_exactly_as_a_recount(seed):
         for count in (1, 2, 3)
         for models in ((), ("a100",))
     ]
+    priced = 0
     for rebuild in range(3):
         for d in demands:
             for v in views:
                 assert p.evaluate(v, d) == reference_evaluate(p, v, d), (rebuild, d, v)
+                if d.count == 1:
+                    priced += any(reference_gap(p, f, d.per_gpu) for _, f in v[0] if f >= d.per_gpu)
         if rebuild == 0:
             before = p._pricer
             learn(100, (1, 1, 1, 2, 4))  # > 2 % more pods, same keys: a new table, signatures kept
@@ -313,6 +355,47 @@ def test_shared_state_tables_decide_exactly_as_a_recount(seed):
             assert p._pricer.keys != keys
         assert p._pricer.all_qs is not None  # the shared tables' path, not the general one
         assert p._pricer.node_sigs or rebuild
+    assert priced > 100
+
+
+def test_the_gap_price_follows_the_learned_table():
+    """The LP is solved per table: new sizes learned, new prices; the GPU's capacity is the largest
+    request learned unless the caller gives it (share-sim gives the largest GPU)."""
+    p = FragPolicy()
+    for per, n in ((1000, 10), (810, 30), (470, 40), (320, 30)):
+        for _ in range(n):
+            p.observe(Demand(per))
+    gp = p._pricer.gap_prices() if p.table else None
+    assert gp is not None and gp.price == {810: 1000, 470: 500, 320: Fraction(1000, 3)}
+    assert p._pricer.gap(530, 320) == round(1000 * p.table.weight * 5 * Fraction(500, 3))  # wb = 5 at 0.6
+    for _ in range(60):  # many 190s: 810 + 190 now fills a GPU, so a 190 is worth something
+        p.observe(Demand(190))
+    gp2 = p._pricer.gap_prices() if p.table else None
+    assert gp2 is not None and gp2 is not gp and gp2.price[190] > 0
+    # Given a GPU of 2000 units, a 1000-unit pod is a share too.
+    q = FragPolicy(gpu_unit=2000)
+    for per in (1000, 810, 470):
+        q.observe(Demand(per))
+    _ = q.table
+    assert set(q._pricer.gap_prices().price) == {1000, 810, 470}  # type: ignore[union-attr]
+
+
+def test_without_the_gap_weight_frag_is_frag_alone():
+    rng = random.Random(11)
+    with_gap, alone = FragPolicy(), FragPolicy(gap_weight=0)
+    for per, n in ((1000, 10), (810, 30), (470, 40), (320, 30), (160, 5)):
+        for _ in range(n):
+            with_gap.observe(Demand(per))
+            alone.observe(Demand(per))
+    differ = 0
+    for _ in range(300):
+        view = (tuple(("A100", rng.choice((1000, 530, 680, 190, 370, 210))) for _ in range(4)), None, None)
+        d = Demand(rng.choice((810, 470, 320, 160)))
+        assert alone.evaluate(view, d) == reference_evaluate(alone, view, d)
+        assert alone._pricer.gap_prices() is None
+        a, b = alone.evaluate(view, d), with_gap.evaluate(view, d)
+        differ += a is not None and b is not None and a[1] != b[1]
+    assert differ  # the price moves shares to other GPUs
 
 
 def test_before_any_pod_is_seen_frag_places_as_binpack():

@@ -131,3 +131,16 @@ def test_place_all_bounds_only_placements_that_place_every_share():
     assert bound.dual_bound(counts, 1, 2, 10, prices, place_all=True) == pytest.approx(16)
     with pytest.raises(ValueError):
         bound.dual_bound(counts, 1, 2, 10, {6: -1.0})
+
+
+def test_share_sim_gives_frag_the_gpu_capacity_for_its_gap_price():
+    """share-sim builds frag as fgd, with the largest GPU as `gpu_unit`: the shares the LP prices are
+    the pods asking less than that, whatever the largest request (here a 2-GPU pod of 1000 each)."""
+    w = _tiny()
+    policy = build_policy("frag", 0, w)
+    assert policy.gpu_unit == 1000  # type: ignore[attr-defined]
+    _ = policy.table  # type: ignore[attr-defined]
+    gp = policy._pricer.gap_prices()  # type: ignore[attr-defined]
+    assert gp is not None and set(gp.price) == {230, 470, 810}
+    # 810 alone fills a GPU in the LP's packing; 470 + 230 another (with room to spare).
+    assert gp.price[810] == 1000 and gp.loss(1000, 810) == 0
