@@ -57,8 +57,6 @@ from share_plugin.podresources import PodResourcesUnavailable
 log = logging.getLogger(__name__)
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class ContainerAnswer:
     """One container's part of the Allocate response."""
