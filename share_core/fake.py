@@ -94,6 +94,12 @@ class FakeKube:
             self._notify("nodes", "ADDED", node)
             return copy.deepcopy(node)
 
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            node = self.nodes.pop(name)
+            self._bump(node)
+            self._notify("nodes", "DELETED", node)
+
     def add_pod(self, pod: Obj) -> Obj:
         with self._lock:
             pod = copy.deepcopy(pod)

@@ -208,6 +208,14 @@ def create_app(
 
     if learns(policy):  # reading every pod's request costs a third of the first sync: only when it counts
         cache.set_observer(observe)
+    if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
+
+        def largest_gpu(units: int) -> None:
+            with binder.policy_lock:
+                policy.set_gpu_unit(units or None)
+            memo.invalidate()
+
+        cache.set_largest_gpu_observer(largest_gpu)
     syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
 
     app = Flask("share_scheduler")

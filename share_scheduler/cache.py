@@ -19,7 +19,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,11 +209,42 @@ class ClusterCache:
         # derived data current by visiting only what moved. `_changes[0]` is change number `_changes_base`.
         self._changes: list[str] = []
         self._changes_base = 0
+        # How many GPUs of each memory size (units) the nodes have: the largest is what a GPU holds at most.
+        self._gpu_sizes: Counter[int] = Counter()
+        self._largest_gpu = 0
+        self._on_largest_gpu: Callable[[int], None] | None = None
 
     def set_observer(self, on_new_pod: Callable[[PodRequest], None] | None) -> None:
         """Called once per pod that asks for GPU memory (under the cache lock: keep it quick)."""
         with self._lock:
             self._on_new_pod = on_new_pod
+
+    def set_largest_gpu_observer(self, on_change: Callable[[int], None] | None) -> None:
+        """Called with the largest GPU's memory (units; 0 with no GPU) now and whenever it changes, under the
+        cache lock: keep it quick. frag's gap price packs shares into GPUs of that size."""
+        with self._lock:
+            self._on_largest_gpu = on_change
+            if on_change is not None:
+                on_change(self._largest_gpu)
+
+    @property
+    def largest_gpu(self) -> int:
+        with self._lock:
+            return self._largest_gpu
+
+    def _count_gpus(self, gpus: Iterable[GpuInfo], sign: int) -> None:
+        for g in gpus:
+            self._gpu_sizes[g.memory] += sign
+            if self._gpu_sizes[g.memory] <= 0:
+                del self._gpu_sizes[g.memory]
+
+    def _tell_largest_gpu(self) -> None:
+        """After a whole change (a node replaced, a relist): what it was in between is nobody's business."""
+        largest = max(self._gpu_sizes, default=0)
+        if largest != self._largest_gpu:
+            self._largest_gpu = largest
+            if self._on_largest_gpu is not None:
+                self._on_largest_gpu(largest)
 
     # -- sync state ------------------------------------------------------------------------------
 
@@ -325,15 +356,21 @@ class ClusterCache:
         if old is not None and old.gpus == entry.gpus and old.problem == entry.problem:
             return
         self._nodes[entry.name] = entry
+        self._count_gpus(old.gpus if old is not None else (), -1)
+        self._count_gpus(entry.gpus, +1)
         self._recount_node(entry.name)
 
     def upsert_node(self, node: Mapping[str, Any]) -> None:
         with self._lock:
             self._set_node_locked(node)
+            self._tell_largest_gpu()
 
     def delete_node(self, name: str) -> None:
         with self._lock:
-            if self._nodes.pop(name, None) is not None:
+            old = self._nodes.pop(name, None)
+            if old is not None:
+                self._count_gpus(old.gpus, -1)
+                self._tell_largest_gpu()
                 self._changed(name)
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
@@ -344,8 +381,9 @@ class ClusterCache:
                 self._set_node_locked(node)
                 names.add(str((node.get("metadata") or {}).get("name") or ""))
             for name in set(self._nodes) - names:
-                del self._nodes[name]
+                self._count_gpus(self._nodes.pop(name).gpus, -1)
                 self._changed(name)
+            self._tell_largest_gpu()
             self._synced["nodes"] = True
             if self._synced["pods"]:
                 self._warm()

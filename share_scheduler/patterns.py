@@ -157,6 +157,7 @@ class GapPrices:
     no price (never learned) loses nothing."""
 
     def __init__(self, counts: Mapping[int, int], capacity: int) -> None:
+        self.capacity = capacity
         self.lp = solve_packing_lp(counts, capacity)
         self.price = {s: p * capacity for s, p in self.lp.prices.items()}
         priced = sorted(s for s, p in self.price.items() if p > 0)

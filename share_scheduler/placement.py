@@ -976,6 +976,15 @@ class FragPolicy(_ViewPolicy):
             if self._observed >= (1.0 + self.REFRESH) * max(self._table_observed, 1):
                 self._dirty = True
 
+    def set_gpu_unit(self, units: int | None) -> None:
+        """The capacity of a GPU the gap price packs shares into (the cluster's largest GPU, in units), told
+        by the extender as nodes come and go; None: the largest per-GPU request learned. A change gives a
+        new table snapshot, so whatever was priced with the old capacity is priced again."""
+        with self._lock:
+            if units != self.gpu_unit:
+                self.gpu_unit = units
+                self._dirty = True
+
     @property
     def table(self) -> WorkloadTable:
         """The current snapshot of the learned workload (rebuilt lazily after observe())."""

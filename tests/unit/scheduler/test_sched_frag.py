@@ -33,3 +33,24 @@ def test_frag_learns_the_running_workload_at_start_and_again_after_a_restart(kub
     result = ext.call("filter", filter_args(pod, ["node-a"]))
     assert result["NodeNames"] == ["node-a"]
     assert ext.call("bind", bind_args(pod, "node-a"))["Error"] == ""
+
+
+def test_frag_packs_shares_into_the_clusters_largest_gpu_as_nodes_come_and_go(kube, extender_factory):
+    """The gap price's bins are GPUs: the extender tells frag the largest GPU's memory, not the largest pod."""
+    kube.add_node(make_node("t4", [16, 16]))
+    kube.add_pod(make_pod("small", 4, node="t4", annotations={ANN_GPU_INDEX: "0", ANN_GPU_MEM: "4"}))
+    policy = make_policy("frag")
+    ext = extender_factory(policy=policy).wait_ready()
+    assert policy.gpu_unit == 16
+    before = policy.table
+    assert policy._pricer.gap_prices().capacity == 16
+
+    kube.add_node(make_node("a100", [80] * 8))
+    wait_until(lambda: policy.gpu_unit == 80, what="frag to learn of the 80 GiB GPUs")
+    assert policy.table is not before  # a new snapshot: what was priced for 16 GiB GPUs is priced again
+    assert policy._pricer.gap_prices().capacity == 80
+    pod = kube.add_pod(make_pod("new", 4))
+    assert ext.call("filter", filter_args(pod, ["t4", "a100"]))["NodeNames"]
+
+    kube.delete_node("a100")
+    wait_until(lambda: policy.gpu_unit == 16, what="frag to forget the 80 GiB GPUs")

@@ -72,3 +72,16 @@ def test_a_failed_first_list_turns_collection_back_on():
     with pytest.raises(Unavailable):
         syncer.sync_once("nodes")
     assert gc.isenabled()
+
+
+def test_cache_tells_the_largest_gpu_only_when_it_changes() -> None:
+    cache = ClusterCache()
+    told: list[int] = []
+    cache.set_largest_gpu_observer(told.append)
+    cache.replace_nodes([make_node("t4", [16, 16]), make_node("a100", [80, 40])])
+    cache.upsert_node(make_node("l4", [24]))  # smaller than the largest: nothing to tell
+    cache.upsert_node(make_node("a100", [40, 40]))  # the node's 80 GiB GPU is gone
+    cache.replace_nodes([make_node("l4", [24])])  # a relist without the others
+    cache.delete_node("l4")
+    assert told == [0, 80, 40, 24, 0]
+    assert cache.largest_gpu == 0
