@@ -63,6 +63,7 @@ def test_binding_carries_annotations_atomically(admin: ApiServerClient) -> None:
     stored = admin.get_pod(NS, "bind-ann")
     assert stored["spec"]["nodeName"] == "some-node"
     assert stored["metadata"]["annotations"] == {"gpushare.io/gpu-index": "1", "x": "y"}
+    assert admin.protobuf_binding  # the server took the protobuf Binding: no fallback to JSON happened
     # The API server refuses a second Binding (409) and the UID precondition, as FakeKube mirrors.
     with pytest.raises(Conflict, match="already assigned"):
         admin.bind_pod(NS, "bind-ann", uid, "other-node", {"x": "z"})
@@ -70,6 +71,18 @@ def test_binding_carries_annotations_atomically(admin: ApiServerClient) -> None:
     with pytest.raises(Conflict):
         admin.bind_pod(NS, "bind-uid", "not-" + other["metadata"]["uid"], "some-node")
     assert "nodeName" not in admin.get_pod(NS, "bind-uid")["spec"]
+    # The same refusals for the JSON Binding (the fallback for a server that takes no protobuf).
+    json_client = ApiServerClient(admin._cfg, component="adapter-test", protobuf_binding=False)
+    json_client.bind_pod(NS, "bind-uid", other["metadata"]["uid"], "some-node", {"gpushare.io/gpu-index": "0"})
+    stored = admin.get_pod(NS, "bind-uid")
+    assert stored["spec"]["nodeName"] == "some-node"
+    assert stored["metadata"]["annotations"] == {"gpushare.io/gpu-index": "0"}
+    with pytest.raises(Conflict, match="already assigned"):
+        json_client.bind_pod(NS, "bind-uid", other["metadata"]["uid"], "other-node")
+    third = _create(admin, _pod("bind-uid-json"))
+    with pytest.raises(Conflict):
+        json_client.bind_pod(NS, "bind-uid-json", "not-" + third["metadata"]["uid"], "some-node")
+    assert admin.protobuf_binding and not json_client.protobuf_binding
 
 
 def test_annotation_patch_is_conflict_safe(admin: ApiServerClient) -> None:
