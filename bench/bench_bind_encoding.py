@@ -10,6 +10,8 @@ Then the client's cost of building each body alone (no network).
 
   python bench/bench_bind_encoding.py                 # 2,000 pods, 8 blocks, 8 binding threads
   python bench/bench_bind_encoding.py --pods 4000 --blocks 16
+  python bench/bench_bind_encoding.py --pprof /tmp/pp  # also a kube-apiserver CPU profile per encoding
+                                                      # (another N pods each; `go tool pprof -top` reads them)
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 import timeit
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,6 +70,28 @@ def bind_block(client: ApiServerClient, pods: list[tuple[str, str]], threads: in
         list(pool.map(bind, enumerate(pods)))
 
 
+def profile_binds(
+    cp: ControlPlane, client: ApiServerClient, pods: list[tuple[str, str]], threads: int, out: Path
+) -> None:
+    """A kube-apiserver CPU profile that spans binding `pods` (the binds start half a second into it)."""
+    seconds = len(pods) // 500 + 4  # binds run at ~1,000/s here: the profile outlasts them
+    context = cp.admin_context(verify_server=False)
+
+    def fetch() -> None:
+        url = f"{cp.server}/debug/pprof/profile?seconds={seconds}"
+        with urllib.request.urlopen(url, context=context, timeout=seconds + 30) as resp:
+            out.write_bytes(resp.read())
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    time.sleep(0.5)
+    t = time.monotonic()
+    bind_block(client, pods, threads)
+    took = time.monotonic() - t
+    thread.join()
+    print(f"# profile {out}: {len(pods)} binds in {took:.1f} s of its {seconds} s", file=sys.stderr)
+
+
 def encode_cost_us(reps: int = 20000) -> dict[str, float]:
     """Microseconds to build one request body (no network): orjson of the dict vs the hand encoder."""
     ann = annotations(3)
@@ -83,9 +109,13 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=2000)
     ap.add_argument("--blocks", type=int, default=8, help="alternating blocks, A B B A ... (even)")
     ap.add_argument("--threads", type=int, default=8, help="binds in flight at once")
+    ap.add_argument("--pprof", type=Path, help="also profile kube-apiserver over N more binds per encoding, here")
     args = ap.parse_args()
     blocks = max(2, args.blocks - args.blocks % 2)
-    with tempfile.TemporaryDirectory(prefix="bench-bind-") as work, ControlPlane(work, k8s_bin_dir()) as cp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-bind-") as work,
+        ControlPlane(work, k8s_bin_dir(), profiling=args.pprof is not None) as cp,
+    ):
         admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="bench-bind")
         admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
         create_bare_nodes(admin, [f"node-{i:03d}" for i in range(10)], gpus=8, mem=16)
@@ -99,7 +129,8 @@ def main() -> int:
 
         t = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
-            pods = list(pool.map(create, range(args.pods)))
+            pods = list(pool.map(create, range(args.pods * (3 if args.pprof else 1))))
+        pods, extra = pods[: args.pods], pods[args.pods :]
         print(f"# {len(pods)} unbound pods created in {time.monotonic() - t:.1f} s", file=sys.stderr)
         time.sleep(2.0)  # let the API server settle after the creates
         apiserver, etcd = cp._apiserver, cp._etcd
@@ -127,6 +158,11 @@ def main() -> int:
                 f"# block {b} {kind:8s} {len(block)} binds: apiserver {(cpu_s(apiserver.pid) - a0):.2f} s",
                 file=sys.stderr,
             )
+        if args.pprof:
+            args.pprof.mkdir(parents=True, exist_ok=True)
+            half = len(extra) // 2
+            for kind, part in (("json", extra[:half]), ("protobuf", extra[half:])):
+                profile_binds(cp, clients[kind], part, args.threads, args.pprof / f"apiserver-{kind}.pb.gz")
         assert clients["protobuf"].protobuf_binding, "the API server refused protobuf: nothing was compared"
         listed = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
         bound = sum(1 for p in listed if p["spec"].get("nodeName") and (p["metadata"].get("annotations") or {}))

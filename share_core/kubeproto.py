@@ -26,10 +26,13 @@ REF_KIND, REF_NAME, REF_API_VERSION = 1, 3, 5  # core/v1 ObjectReference
 MAP_KEY, MAP_VALUE = 1, 2  # a map<string, string> entry
 
 
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
 def varint(n: int) -> bytes:
     """Base-128, least significant group first (protobuf's varint; lengths are never negative)."""
     if n < 0x80:
-        return bytes((n,))
+        return _ONE_BYTE[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -50,9 +53,19 @@ def text(number: int, value: str) -> bytes:
 
 def string_map(number: int, entries: Mapping[str, str]) -> bytes:
     """A map<string, string> field: one entry message per key, keys sorted (as Go's marshaller does)."""
-    return b"".join(
-        field(number, field(MAP_KEY, k.encode()) + field(MAP_VALUE, entries[k].encode())) for k in sorted(entries)
-    )
+    tag, out = varint(number << 3 | 2), []
+    for k in sorted(entries):
+        key, value = k.encode(), entries[k].encode()
+        entry = _KEY_TAG + varint(len(key)) + key + _VALUE_TAG + varint(len(value)) + value
+        out += (tag, varint(len(entry)), entry)
+    return b"".join(out)
+
+
+_KEY_TAG, _VALUE_TAG = varint(MAP_KEY << 3 | 2), varint(MAP_VALUE << 3 | 2)
+
+
+_TARGET_KIND = text(REF_KIND, "Node")
+_TARGET_API_VERSION = text(REF_API_VERSION, "v1")
 
 
 def binding_message(namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None) -> bytes:
@@ -60,7 +73,7 @@ def binding_message(namespace: str, name: str, uid: str, node: str, annotations:
     meta = text(META_NAME, name) + text(META_NAMESPACE, namespace) + text(META_UID, uid)
     if annotations:
         meta += string_map(META_ANNOTATIONS, annotations)
-    target = text(REF_KIND, "Node") + text(REF_NAME, node) + text(REF_API_VERSION, "v1")
+    target = _TARGET_KIND + text(REF_NAME, node) + _TARGET_API_VERSION
     return field(BINDING_METADATA, meta) + field(BINDING_TARGET, target)
 
 
@@ -69,15 +82,14 @@ def envelope(api_version: str, kind: str, raw: bytes) -> bytes:
 
     contentEncoding and contentType are sent empty, as Go's encoder sends them (raw is protobuf)."""
     type_meta = text(TYPE_META_API_VERSION, api_version) + text(TYPE_META_KIND, kind)
-    return (
-        MAGIC
-        + field(UNKNOWN_TYPE_META, type_meta)
-        + field(UNKNOWN_RAW, raw)
-        + field(UNKNOWN_CONTENT_ENCODING, b"")
-        + field(UNKNOWN_CONTENT_TYPE, b"")
-    )
+    return MAGIC + field(UNKNOWN_TYPE_META, type_meta) + field(UNKNOWN_RAW, raw) + _EMPTY_ENCODING_AND_TYPE
+
+
+_EMPTY_ENCODING_AND_TYPE = field(UNKNOWN_CONTENT_ENCODING, b"") + field(UNKNOWN_CONTENT_TYPE, b"")
+_BINDING_PREFIX = MAGIC + field(UNKNOWN_TYPE_META, text(TYPE_META_API_VERSION, "v1") + text(TYPE_META_KIND, "Binding"))
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None) -> bytes:
-    """The whole protobuf request body of POST .../pods/{name}/binding."""
-    return envelope("v1", "Binding", binding_message(namespace, name, uid, node, annotations))
+    """The whole protobuf request body of POST .../pods/{name}/binding (`envelope` of a Binding)."""
+    raw = binding_message(namespace, name, uid, node, annotations)
+    return _BINDING_PREFIX + field(UNKNOWN_RAW, raw) + _EMPTY_ENCODING_AND_TYPE
