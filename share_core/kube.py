@@ -193,8 +193,11 @@ class KubeClient(Protocol):
     def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None: ...
 
     def watch_pods(
-        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
-    ) -> Iterator[WatchEvent]: ...
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
+    ) -> Iterator[WatchEvent]:
+        """`slim`: the events' pods may hold only what share_scheduler's cache reads (see
+        share_core.kubeproto.slim_pod); the API server client then watches in protobuf."""
+        ...
 
     def watch_nodes(
         self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
@@ -299,8 +302,8 @@ class ApiServerClient:
 
     # -- transport -------------------------------------------------------------------------------
 
-    def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": f"{self.component}/gpushare"}
+    def _headers(self, content_type: str | None = None, accept: str = "application/json") -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": f"{self.component}/gpushare"}
         if content_type:
             headers["Content-Type"] = content_type
         with self._lock:
@@ -326,6 +329,7 @@ class ApiServerClient:
         content_type: str | None = None,
         timeout: float | tuple[float, float] | None = None,
         stream: bool = False,
+        accept: str = "application/json",
     ) -> Any:
         """The answer (`.status`, `.data`; a stream's is read with `.stream()`); raises KubeError.
         A `body` given as bytes is sent as it is (with its `content_type`), anything else as JSON."""
@@ -334,7 +338,7 @@ class ApiServerClient:
             target += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         data = body if isinstance(body, bytes) else orjson.dumps(body) if body is not None else None
         t = timeout if timeout is not None else self.timeout
-        headers = self._headers(content_type or ("application/json" if data is not None else None))
+        headers = self._headers(content_type or ("application/json" if data is not None else None), accept)
         what = f"{method} {path}"
         if not stream:
             try:
@@ -398,11 +402,20 @@ class ApiServerClient:
             if not cont:
                 return ListResult(items, meta.get("resourceVersion", ""))
 
-    def _watch(self, path: str, query: dict[str, Any], timeout_seconds: int) -> Iterator[WatchEvent]:
+    def _watch(
+        self, path: str, query: dict[str, Any], timeout_seconds: int, protobuf: bool = False
+    ) -> Iterator[WatchEvent]:
         q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds}
-        resp = self._open("GET", path, query=q, timeout=(self.timeout, timeout_seconds + 30), stream=True)
-        buf = b""
+        accept = kubeproto.WATCH_CONTENT_TYPE if protobuf else "application/json"
+        resp = self._open(
+            "GET", path, query=q, timeout=(self.timeout, timeout_seconds + 30), stream=True, accept=accept
+        )
         try:
+            # A server that cannot answer in protobuf answers in JSON (content negotiation).
+            if protobuf and (resp.headers.get("Content-Type") or "").startswith("application/vnd.kubernetes.protobuf"):
+                yield from self._protobuf_events(path, resp)
+                return
+            buf = b""
             for chunk in resp.stream(65536, decode_content=True):
                 if b"\n" not in chunk:
                     buf += chunk
@@ -422,6 +435,21 @@ class ApiServerClient:
             raise Unavailable(f"watch {path}: connection lost: {exc}") from exc
         finally:
             resp.release_conn()
+
+    @staticmethod
+    def _protobuf_events(path: str, resp: Any) -> Iterator[WatchEvent]:
+        """Length-prefixed protobuf frames, each a WatchEvent: slim pods (share_core.kubeproto)."""
+        buf = b""
+        for chunk in resp.stream(65536, decode_content=True):
+            frames, buf = kubeproto.split_frames(buf + chunk if buf else chunk)
+            for frame in frames:
+                try:
+                    kind, obj = kubeproto.decode_watch_event(frame)
+                except ValueError as exc:
+                    raise KubeError(f"watch {path}: {exc}") from exc
+                if kind == "ERROR":
+                    raise error_for_status(int(obj.get("code") or 500), orjson.dumps(obj), f"watch {path}")
+                yield WatchEvent(kind, obj)
 
     # -- KubeClient ------------------------------------------------------------------------------
 
@@ -524,11 +552,13 @@ class ApiServerClient:
         self._json("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
 
     def watch_pods(
-        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
     ) -> Iterator[WatchEvent]:
-        return self._watch(
-            "/api/v1/pods", {"resourceVersion": resource_version, "fieldSelector": field_selector}, timeout_seconds
-        )
+        """With `slim`, in protobuf: the API server then shares the encoding of each event with
+        kube-scheduler's own (protobuf) watch instead of encoding it again in JSON for us, and only
+        what the cache reads is decoded (share_core.kubeproto)."""
+        query = {"resourceVersion": resource_version, "fieldSelector": field_selector}
+        return self._watch("/api/v1/pods", query, timeout_seconds, protobuf=slim)
 
     def watch_nodes(
         self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300

@@ -7,7 +7,11 @@ import threading
 
 import pytest
 
+from share_core.assignment import pod_is_finished
+from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unavailable
+from share_core.request import pod_request
+from share_scheduler.cache import pod_record
 from tests.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -137,6 +141,38 @@ def test_watch_sees_changes(admin: ApiServerClient) -> None:
     admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/watched")
     assert done.wait(15), seen
     assert [s[0] for s in seen][:2] == ["ADDED", "MODIFIED"]
+
+
+def test_slim_watch_gives_the_cache_what_the_json_watch_gives(admin: ApiServerClient) -> None:
+    """The protobuf pod watch (slim pods) against the JSON one, event by event, through the real server."""
+    start = admin.list_pods().resource_version
+    streams: dict[bool, list[tuple[str, tuple]]] = {False: [], True: []}
+
+    def consume(slim: bool) -> None:
+        for ev in admin.watch_pods(start, field_selector="metadata.name=slim-w", timeout_seconds=10, slim=slim):
+            streams[slim].append((ev.type, cache_facts(ev.object)))
+            if ev.type == "DELETED":
+                return
+
+    threads = [threading.Thread(target=consume, args=(slim,), daemon=True) for slim in (False, True)]
+    for t in threads:
+        t.start()
+    pod = _pod("slim-w")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE_MEM: "3"}}
+    pod["spec"]["initContainers"] = [{"name": "side", "image": "busybox", "restartPolicy": "Always"}]
+    uid = _create(admin, pod)["metadata"]["uid"]
+    admin.bind_pod(NS, "slim-w", uid, "slim-node", {"gpushare.io/gpu-index": "1", "gpushare.io/gpu-mem": "3"})
+    admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/slim-w", query={"gracePeriodSeconds": "0"})
+    for t in threads:
+        t.join(15)
+    assert [k for k, _ in streams[False]][:2] == ["ADDED", "MODIFIED"] and streams[False][-1][0] == "DELETED"
+    assert streams[True] == streams[False]
+    assert streams[True][1][1][0].node == "slim-node" and streams[True][0][1][2].total == 3
+
+
+def cache_facts(pod: dict) -> tuple:
+    """What share_scheduler's cache takes of a pod event."""
+    return pod_record(pod), pod_is_finished(pod), pod_request(pod), pod["metadata"]["resourceVersion"]
 
 
 def test_errors_are_typed(admin: ApiServerClient, control_plane: ControlPlane) -> None:
