@@ -293,9 +293,9 @@ class FakeKube:
                 self._watchers = [w for w in self._watchers if w[1] is not q]
 
     def watch_pods(
-        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300
+        self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
     ) -> Iterator[WatchEvent]:
-        self._enter("watch_pods")
+        self._enter("watch_pods")  # `slim` allows fewer fields; whole pods are always allowed
         return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds)
 
     def watch_nodes(

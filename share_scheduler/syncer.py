@@ -133,7 +133,8 @@ class Syncer:
     def _watch(self, kind: str, rv: str) -> Iterator[WatchEvent]:
         if kind == "nodes":
             return self.kube.watch_nodes(rv, timeout_seconds=self.watch_timeout)
-        return self.kube.watch_pods(rv, timeout_seconds=self.watch_timeout)
+        # slim: in protobuf from the API server, only what the cache reads (share_core.kubeproto).
+        return self.kube.watch_pods(rv, timeout_seconds=self.watch_timeout, slim=True)
 
     def _apply(self, kind: str, ev: WatchEvent) -> None:
         if ev.type == "BOOKMARK":

@@ -7,7 +7,11 @@ import threading
 
 import pytest
 
+from share_core.assignment import pod_is_finished
+from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unavailable
+from share_core.request import pod_request
+from share_scheduler.cache import pod_record
 from tests.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -63,6 +67,7 @@ def test_binding_carries_annotations_atomically(admin: ApiServerClient) -> None:
     stored = admin.get_pod(NS, "bind-ann")
     assert stored["spec"]["nodeName"] == "some-node"
     assert stored["metadata"]["annotations"] == {"gpushare.io/gpu-index": "1", "x": "y"}
+    assert admin.protobuf_binding  # the server took the protobuf Binding: no fallback to JSON happened
     # The API server refuses a second Binding (409) and the UID precondition, as FakeKube mirrors.
     with pytest.raises(Conflict, match="already assigned"):
         admin.bind_pod(NS, "bind-ann", uid, "other-node", {"x": "z"})
@@ -70,6 +75,18 @@ def test_binding_carries_annotations_atomically(admin: ApiServerClient) -> None:
     with pytest.raises(Conflict):
         admin.bind_pod(NS, "bind-uid", "not-" + other["metadata"]["uid"], "some-node")
     assert "nodeName" not in admin.get_pod(NS, "bind-uid")["spec"]
+    # The same refusals for the JSON Binding (the fallback for a server that takes no protobuf).
+    json_client = ApiServerClient(admin._cfg, component="adapter-test", protobuf_binding=False)
+    json_client.bind_pod(NS, "bind-uid", other["metadata"]["uid"], "some-node", {"gpushare.io/gpu-index": "0"})
+    stored = admin.get_pod(NS, "bind-uid")
+    assert stored["spec"]["nodeName"] == "some-node"
+    assert stored["metadata"]["annotations"] == {"gpushare.io/gpu-index": "0"}
+    with pytest.raises(Conflict, match="already assigned"):
+        json_client.bind_pod(NS, "bind-uid", other["metadata"]["uid"], "other-node")
+    third = _create(admin, _pod("bind-uid-json"))
+    with pytest.raises(Conflict):
+        json_client.bind_pod(NS, "bind-uid-json", "not-" + third["metadata"]["uid"], "some-node")
+    assert admin.protobuf_binding and not json_client.protobuf_binding
 
 
 def test_annotation_patch_is_conflict_safe(admin: ApiServerClient) -> None:
@@ -124,6 +141,38 @@ def test_watch_sees_changes(admin: ApiServerClient) -> None:
     admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/watched")
     assert done.wait(15), seen
     assert [s[0] for s in seen][:2] == ["ADDED", "MODIFIED"]
+
+
+def test_slim_watch_gives_the_cache_what_the_json_watch_gives(admin: ApiServerClient) -> None:
+    """The protobuf pod watch (slim pods) against the JSON one, event by event, through the real server."""
+    start = admin.list_pods().resource_version
+    streams: dict[bool, list[tuple[str, tuple]]] = {False: [], True: []}
+
+    def consume(slim: bool) -> None:
+        for ev in admin.watch_pods(start, field_selector="metadata.name=slim-w", timeout_seconds=10, slim=slim):
+            streams[slim].append((ev.type, cache_facts(ev.object)))
+            if ev.type == "DELETED":
+                return
+
+    threads = [threading.Thread(target=consume, args=(slim,), daemon=True) for slim in (False, True)]
+    for t in threads:
+        t.start()
+    pod = _pod("slim-w")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {RESOURCE_MEM: "3"}}
+    pod["spec"]["initContainers"] = [{"name": "side", "image": "busybox", "restartPolicy": "Always"}]
+    uid = _create(admin, pod)["metadata"]["uid"]
+    admin.bind_pod(NS, "slim-w", uid, "slim-node", {"gpushare.io/gpu-index": "1", "gpushare.io/gpu-mem": "3"})
+    admin.request("DELETE", f"/api/v1/namespaces/{NS}/pods/slim-w", query={"gracePeriodSeconds": "0"})
+    for t in threads:
+        t.join(15)
+    assert [k for k, _ in streams[False]][:2] == ["ADDED", "MODIFIED"] and streams[False][-1][0] == "DELETED"
+    assert streams[True] == streams[False]
+    assert streams[True][1][1][0].node == "slim-node" and streams[True][0][1][2].total == 3
+
+
+def cache_facts(pod: dict) -> tuple:
+    """What share_scheduler's cache takes of a pod event."""
+    return pod_record(pod), pod_is_finished(pod), pod_request(pod), pod["metadata"]["resourceVersion"]
 
 
 def test_errors_are_typed(admin: ApiServerClient, control_plane: ControlPlane) -> None:
