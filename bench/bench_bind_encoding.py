@@ -20,10 +20,8 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 import timeit
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -75,15 +73,7 @@ def profile_binds(
 ) -> None:
     """A kube-apiserver CPU profile that spans binding `pods` (the binds start half a second into it)."""
     seconds = len(pods) // 500 + 4  # binds run at ~1,000/s here: the profile outlasts them
-    context = cp.admin_context(verify_server=False)
-
-    def fetch() -> None:
-        url = f"{cp.server}/debug/pprof/profile?seconds={seconds}"
-        with urllib.request.urlopen(url, context=context, timeout=seconds + 30) as resp:
-            out.write_bytes(resp.read())
-
-    thread = threading.Thread(target=fetch)
-    thread.start()
+    thread = cp.cpu_profile(seconds, out)
     time.sleep(0.5)
     t = time.monotonic()
     bind_block(client, pods, threads)

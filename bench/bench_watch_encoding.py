@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -99,19 +98,6 @@ def run_block(admin: ApiServerClient, start: int, count: int, threads: int) -> N
         list(pool.map(one, range(start, start + count)))
 
 
-def profile(cp: ControlPlane, seconds: int, out: Path) -> threading.Thread:
-    context = cp.admin_context(verify_server=False)
-
-    def fetch() -> None:
-        url = f"{cp.server}/debug/pprof/profile?seconds={seconds}"
-        with urllib.request.urlopen(url, context=context, timeout=seconds + 30) as resp:
-            out.write_bytes(resp.read())
-
-    thread = threading.Thread(target=fetch)
-    thread.start()
-    return thread
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pods", type=int, default=2000)
@@ -155,7 +141,7 @@ def main() -> int:
                 second = Watcher(admin, JSON if kind == "json" else PROTOBUF, list_rv(admin))
                 time.sleep(0.3)
                 seconds = size // 150 + 3  # creates and binds run at ~250 pods/s here: the profile outlasts them
-                thread = profile(cp, seconds, args.pprof / f"apiserver-watch-{kind}.pb.gz")
+                thread = cp.cpu_profile(seconds, args.pprof / f"apiserver-watch-{kind}.pb.gz")
                 time.sleep(0.5)
                 t = time.monotonic()
                 run_block(admin, start, size, args.threads)

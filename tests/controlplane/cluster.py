@@ -20,6 +20,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -595,6 +596,20 @@ class ControlPlane:
             context.verify_mode = ssl.CERT_NONE
         context.load_cert_chain(str(self._admin_cert.cert), str(self._admin_cert.key))
         return context
+
+    def cpu_profile(self, seconds: int, out: Path) -> threading.Thread:
+        """Start a kube-apiserver CPU profile of `seconds` (Go's pprof endpoint), written to `out`; join the
+        thread for the file."""
+        context = self.admin_context(verify_server=False)
+
+        def fetch() -> None:
+            url = f"{self.server}/debug/pprof/profile?seconds={seconds}"
+            with urllib.request.urlopen(url, context=context, timeout=seconds + 30) as resp:
+                out.write_bytes(resp.read())
+
+        thread = threading.Thread(target=fetch)
+        thread.start()
+        return thread
 
     def _start_apiserver(self, timeout: float) -> None:
         assert self._kubelet_client_cert is not None

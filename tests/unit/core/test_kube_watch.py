@@ -3,16 +3,13 @@ API server's ERROR event, against a loopback server that writes the stream in th
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client
 
-from share_core.kube import ApiServerClient, Gone
+from share_core.kube import Gone
+from tests.unit.core.streamserver import StreamServer, serving, watcher
 
 
 def pod_event(kind: str, i: int) -> bytes:
@@ -20,43 +17,10 @@ def pod_event(kind: str, i: int) -> bytes:
     return json.dumps({"type": kind, "object": pod}).encode() + b"\n"
 
 
-class StreamServer(http.server.ThreadingHTTPServer):
-    pieces: list[bytes] = []
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for n, piece in enumerate(self.server.pieces):  # type: ignore[attr-defined]
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            self.wfile.flush()
-            if n % 25 == 0:
-                time.sleep(0.002)  # let the client read what it has: reads end mid-event
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def stream_server() -> Iterator[StreamServer]:
-    server = StreamServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def watcher(server: StreamServer) -> ApiServerClient:
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
-    return ApiServerClient(cfg)
+    with serving("application/json") as server:
+        yield server
 
 
 @pytest.mark.parametrize("cut", [1, 7, 64, 333, 4096, 1 << 20])

@@ -8,13 +8,11 @@ when a server answers 415 to a protobuf Binding, and the protobuf watch stream c
 from __future__ import annotations
 
 import copy
-import http.server
 import json
 import os
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +30,7 @@ from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Gone, binding_json
 from share_core.request import InvalidRequest, pod_request
 from share_scheduler.cache import pod_record
+from tests.unit.core.streamserver import StreamServer, serving, watcher
 
 ROOT = Path(__file__).resolve().parents[3]
 PROTOS = (
@@ -421,46 +420,10 @@ def test_error_event_is_a_status_and_garbage_is_refused(messages):
         kubeproto.decode_watch_event(b"\xff\xff\xff")
 
 
-class FrameServer(http.server.ThreadingHTTPServer):
-    pieces: list[bytes] = []
-    content_type = kubeproto.WATCH_CONTENT_TYPE.split(";")[0]
-    accepts: list[str] = []
-
-
-class FrameHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        self.server.accepts.append(self.headers.get("Accept", ""))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Type", self.server.content_type)  # type: ignore[attr-defined]
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        for n, piece in enumerate(self.server.pieces):  # type: ignore[attr-defined]
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-            self.wfile.flush()
-            if n % 25 == 0:
-                time.sleep(0.002)
-        self.wfile.write(b"0\r\n\r\n")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def frame_server() -> Iterator[FrameServer]:
-    server = FrameServer(("127.0.0.1", 0), FrameHandler)
-    server.accepts = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def slim_watcher(server: FrameServer) -> ApiServerClient:
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{server.server_address[1]}"
-    return ApiServerClient(cfg)
+def frame_server() -> Iterator[StreamServer]:
+    with serving(kubeproto.WATCH_CONTENT_TYPE.split(";")[0]) as server:
+        yield server
 
 
 @pytest.mark.parametrize("cut", [1, 5, 64, 1000, 1 << 20])
@@ -473,7 +436,7 @@ def test_protobuf_stream_whatever_the_reads(messages, frame_server, cut):
     frame_server.pieces = [stream[i : i + cut] for i in range(0, len(stream), cut)]
     seen = []
     with pytest.raises(Gone, match="too old"):
-        for ev in slim_watcher(frame_server).watch_pods("1", timeout_seconds=5, slim=True):
+        for ev in watcher(frame_server).watch_pods("1", timeout_seconds=5, slim=True):
             seen.append((ev.type, facts(ev.object)))
     assert seen == [(k, facts(p)) for k, p in zip(kinds, pods, strict=True)]
     assert frame_server.accepts == [kubeproto.WATCH_CONTENT_TYPE]
@@ -483,5 +446,5 @@ def test_a_server_answering_json_is_read_as_json(frame_server):
     frame_server.content_type = "application/json"
     pod = json_pod(1, node="n")
     frame_server.pieces = [orjson.dumps({"type": "ADDED", "object": pod}) + b"\n"]
-    events = list(slim_watcher(frame_server).watch_pods("1", timeout_seconds=5, slim=True))
+    events = list(watcher(frame_server).watch_pods("1", timeout_seconds=5, slim=True))
     assert [(e.type, e.object) for e in events] == [("ADDED", pod)]

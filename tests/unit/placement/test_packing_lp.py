@@ -4,31 +4,17 @@ packing (weak duality), and `GapPrices.loss` is what docs/policies.md says."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
 from collections import Counter
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 
 from share_scheduler.patterns import GapPrices, best_pattern, solve_packing_lp
-from tests.unit.sim.test_packing_bound import _best_allocation
+from tests.unit.sim.test_packing_bound import ROOT, _best_allocation, bound
 
-ROOT = Path(__file__).resolve().parents[3]
 OPENB = ROOT.parent / "shared" / "data" / "openb"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("share_packing_bound", ROOT / "bench" / "share_packing_bound.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bound = _bench()
 
 
 def _check_optimal_duals(counts: Counter, cap: int) -> None:
