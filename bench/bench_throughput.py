@@ -9,7 +9,9 @@ Prints per scenario: pods/s (M over first create to last bind seen), scheduling 
 (create to bound, seen by a watch), CPU seconds per 1,000 pods of etcd, kube-apiserver,
 kube-scheduler, the extender and this client, and the extender's own mean filter/bind time. The
 ratio to "alone" at the same client QPS is the figure to read: every process shares the machine's
-cores, so absolute numbers move with the machine, ratios far less.
+cores, so absolute numbers move with the machine, ratios far less. The extenders run as installed:
+with the chart's ServiceAccount, RBAC and a token (--extender-auth admin-cert: the admin certificate,
+as runs before 2026-11-23 did); kube-scheduler with a client certificate, as kubeadm runs it.
 
   python bench/bench_throughput.py                      # 1,000 nodes x 8 GPUs, 2,000 pods
   python bench/bench_throughput.py --nodes 5000 --qps 1000
@@ -66,6 +68,8 @@ from share_core.kube import ApiServerClient, KubeError  # noqa: E402
 from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
+from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac  # noqa: E402
+from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE  # noqa: E402
 
 NAMESPACE = "bench"
 EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
@@ -249,6 +253,36 @@ def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
     return config
 
 
+# --------------------------------------------------------------------------- the extenders' credentials
+
+# Which kubeconfig each extender runs with; empty: the admin certificate (install_identities fills it).
+KUBECONFIGS: dict[str, Path] = {}
+GO_SA = "gpushare-go-original"
+
+
+def install_identities(cp: ControlPlane) -> None:
+    """Run the extenders as they run when installed: ours as the chart's ServiceAccount, with the
+    chart's RBAC, authenticating with a service account token (what its pod's in-cluster config
+    holds); the Go original as a ServiceAccount of its own (its chart's RBAC is not ours: bound to
+    cluster-admin here), also by token. kube-scheduler keeps a client certificate, as kubeadm runs it.
+
+    Why it matters to the figures: the admin kubeconfig's certificate is verified on every request
+    (x509.Verify, an ECDSA check), and Python's TLS (OpenSSL) sends the CA certificate along with it,
+    which the front-proxy (requestheader) authenticator then also checks: about 0.19 ms of
+    kube-apiserver CPU per bind by its profile (docs/policies.md "Throughput"), a cost the installed
+    extender, on a cached token, does not have."""
+    install_chart_rbac(cp)
+    KUBECONFIGS["ours"] = cp.token_kubeconfig(CHART_NAMESPACE, EXTENDER_SA)
+    cp.kubectl("create", "serviceaccount", GO_SA, "-n", CHART_NAMESPACE, check=False)
+    cp.kubectl("create", "clusterrolebinding", GO_SA, "--clusterrole=cluster-admin",
+               f"--serviceaccount={CHART_NAMESPACE}:{GO_SA}", check=False)  # fmt: skip
+    KUBECONFIGS[GO] = cp.token_kubeconfig(CHART_NAMESPACE, GO_SA)
+
+
+def extender_kubeconfig(cp: ControlPlane, policy: str | None) -> Path:
+    return KUBECONFIGS.get(GO if policy == GO else "ours", cp.admin_kubeconfig)
+
+
 def start_go_extender(
     sc: Scenario, cp: ControlPlane, workdir: Path, log_path: Path | None = None
 ) -> tuple[ManagedProcess, str]:
@@ -257,7 +291,7 @@ def start_go_extender(
     informer has synced and it has built its cache from the pod lister)."""
     assert sc.binary is not None
     port = free_port()
-    env = {"PATH": os.environ.get("PATH", ""), "PORT": str(port), "KUBECONFIG": str(cp.admin_kubeconfig)}
+    env = {"PATH": os.environ.get("PATH", ""), "PORT": str(port), "KUBECONFIG": str(extender_kubeconfig(cp, GO))}
     log_path = log_path or workdir / f"extender-{sc.label}.log"
     proc = ManagedProcess("go-extender", [sc.binary], log_path, env=env, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
@@ -281,8 +315,9 @@ def start_extender(sc: Scenario, cp: ControlPlane, workdir: Path) -> tuple[Manag
     # BENCH_EXTENDER_MAIN: a script to run instead of the module (e.g. a profiler wrapping share_scheduler.cli.main)
     wrapper = os.environ.get("BENCH_EXTENDER_MAIN")
     main = [wrapper] if wrapper else ["-m", "share_scheduler.cli"]
+    kubeconfig = extender_kubeconfig(cp, sc.policy)
     argv = [sys.executable, *main, "--port", str(port), "--bind-address", "127.0.0.1",
-            "--kubeconfig", str(cp.admin_kubeconfig), "--policy", str(sc.policy), "--log-level", "INFO"]  # fmt: skip
+            "--kubeconfig", str(kubeconfig), "--policy", str(sc.policy), "--log-level", "INFO"]  # fmt: skip
     if sc.filter_keeps:
         argv += ["--filter-keeps", sc.filter_keeps]
     if sc.bind_events:
@@ -777,6 +812,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
     ap.add_argument("--pprof", type=Path, help="write kube-apiserver's and kube-scheduler's CPU profiles here")
+    ap.add_argument("--extender-auth", default="token", choices=["token", "admin-cert"],
+                    help="token: the extenders authenticate as installed (service account token, the chart's "
+                    "RBAC); admin-cert: with the admin kubeconfig's client certificate (earlier runs)")  # fmt: skip
     ap.add_argument("--go-extender", type=Path, action="append", default=[],
                     help="also run the Go original, built outside this repository (paced mode and --ready; "
                     "repeat it for several builds, each a scenario named after its file); the bench never "
@@ -800,6 +838,9 @@ def main() -> int:
         try:
             admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
             admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
+            if args.extender_auth == "token":
+                install_identities(cp)
+            print(f"# the extenders authenticate with: {args.extender_auth}", file=sys.stderr)
             t = time.monotonic()
             go = bool(args.go_extender)
             nodes = create_nodes(admin, args.nodes, args.gpus, args.gpu_mem, go)

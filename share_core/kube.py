@@ -407,6 +407,8 @@ class ApiServerClient:
     ) -> Iterator[WatchEvent]:
         q = {**query, "watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds}
         accept = kubeproto.WATCH_CONTENT_TYPE if protobuf else "application/json"
+        if protobuf:
+            kubeproto.prepare()  # build the decoders now, not on the first event (a burst's first pod)
         resp = self._open(
             "GET", path, query=q, timeout=(self.timeout, timeout_seconds + 30), stream=True, accept=accept
         )

@@ -198,6 +198,11 @@ def _parsers() -> dict[str, Any]:
     return _WATCH
 
 
+def prepare() -> None:
+    """Build the watch decoders (imports protobuf's runtime, ~0.1 s): call before events arrive."""
+    _parsers()
+
+
 def _container(c: Any) -> dict[str, Any]:
     r = c.resources
     out: dict[str, Any] = {

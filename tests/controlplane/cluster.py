@@ -352,6 +352,20 @@ class ControlPlane:
         self._kubeconfigs[key] = path
         return path
 
+    def token_kubeconfig(self, namespace: str, service_account: str, expiration_s: int = 86400) -> Path:
+        """A kubeconfig with a token of the service account (a TokenRequest) and no client certificate:
+        what a pod's in-cluster config gives a program. The API server caches a verified token (10 s,
+        its TokenSuccessCacheTTL default), where it verifies a client certificate on every request."""
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, f"--duration={expiration_s}s"
+        ).stdout.strip()
+        if not token:
+            raise ControlPlaneError(f"kubectl create token {namespace}/{service_account} printed no token")
+        user = f"system:serviceaccount:{namespace}:{service_account}"
+        path = self.kubeconfig_dir / f"{_safe_name(user)}-token.kubeconfig"
+        self._write_kubeconfig(path, user, None, token=token)
+        return path
+
     def kubectl(
         self,
         *args: str,
@@ -524,7 +538,12 @@ class ControlPlane:
         )
         self._kubeconfigs[("admin", ("system:masters",))] = self.admin_kubeconfig
 
-    def _write_kubeconfig(self, path: Path, user: str, pair: CertPair) -> None:
+    def _write_kubeconfig(self, path: Path, user: str, pair: CertPair | None, token: str | None = None) -> None:
+        credentials = (
+            {"token": token}
+            if pair is None
+            else {"client-certificate-data": _b64(pair.cert), "client-key-data": _b64(pair.key)}
+        )
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -540,10 +559,7 @@ class ControlPlane:
             "users": [
                 {
                     "name": user,
-                    "user": {
-                        "client-certificate-data": _b64(pair.cert),
-                        "client-key-data": _b64(pair.key),
-                    },
+                    "user": credentials,
                 }
             ],
             "contexts": [

@@ -61,6 +61,18 @@ def sa_identity(namespace: str, name: str) -> tuple[str, list[str]]:
     return f"system:serviceaccount:{namespace}:{name}", groups
 
 
+def install_chart_rbac(cp: ControlPlane) -> list[dict[str, Any]]:
+    """Apply the chart's service accounts and RBAC (release RELEASE in NAMESPACE); returns every
+    object the chart rendered."""
+    objects = render_chart(release=RELEASE, namespace=NAMESPACE)
+    cp.kubectl("create", "namespace", NAMESPACE, check=False)
+    rbac = [o for o in objects if o.get("kind") in RBAC_KINDS]
+    if not any(o["kind"] == "ClusterRole" for o in rbac):
+        raise ControlPlaneError("the chart rendered no ClusterRole")
+    cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+    return objects
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
     """Poll `check` until it returns something truthy; raise naming `what` on timeout."""
     deadline = time.monotonic() + timeout
@@ -113,12 +125,7 @@ class GpuCluster:
 
     def install_rbac(self) -> None:
         """Apply the chart's service accounts and RBAC; our processes then run as those accounts."""
-        self.chart_objects = render_chart(release=RELEASE, namespace=NAMESPACE)
-        self.cp.kubectl("create", "namespace", NAMESPACE, check=False)
-        rbac = [o for o in self.chart_objects if o.get("kind") in RBAC_KINDS]
-        if not any(o["kind"] == "ClusterRole" for o in rbac):
-            raise ControlPlaneError("the chart rendered no ClusterRole")
-        self.cp.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+        self.chart_objects = install_chart_rbac(self.cp)
         self.plugin_kubeconfig = self.cp.kubeconfig_for(*sa_identity(NAMESPACE, PLUGIN_SA))
         self.extender_kubeconfig = self.cp.kubeconfig_for(*sa_identity(NAMESPACE, EXTENDER_SA))
 

@@ -13,6 +13,8 @@ from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unav
 from share_core.request import pod_request
 from share_scheduler.cache import pod_record
 from tests.controlplane import ControlPlane
+from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac
+from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE
 
 pytestmark = pytest.mark.integration
 
@@ -188,3 +190,29 @@ def test_errors_are_typed(admin: ApiServerClient, control_plane: ControlPlane) -
         unreachable.get_node("x")
     with pytest.raises(Unavailable):
         next(iter(unreachable.watch_nodes("0", timeout_seconds=1)))
+
+
+def test_the_extender_runs_on_a_service_account_token(admin: ApiServerClient, control_plane: ControlPlane) -> None:
+    """As installed: the chart's ServiceAccount and RBAC, a token and no client certificate (what a
+    pod's in-cluster config gives it), is enough for every call the extender makes, and no more."""
+    install_chart_rbac(control_plane)
+    kubeconfig = control_plane.token_kubeconfig(CHART_NAMESPACE, EXTENDER_SA)
+    client = ApiServerClient.from_kubeconfig(str(kubeconfig), component="adapter-test")
+    assert client._headers()["Authorization"].startswith("Bearer ")
+    assert not client._cfg.cert_file  # authenticated by the token alone
+    review = client.request(
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    assert review["status"]["userInfo"]["username"] == f"system:serviceaccount:{CHART_NAMESPACE}:{EXTENDER_SA}"
+    pod = _create(admin, _pod("token-bind"))
+    assert any(p["metadata"]["name"] == "token-bind" for p in client.list_pods().items)
+    client.list_nodes()
+    events = client.watch_pods(pod["metadata"]["resourceVersion"], timeout_seconds=1, slim=True)
+    client.bind_pod(NS, "token-bind", pod["metadata"]["uid"], "some-node", {"gpushare.io/gpu-index": "0"})
+    bound = [e.object for e in events if e.object["metadata"]["name"] == "token-bind"]
+    assert bound and bound[-1]["spec"]["nodeName"] == "some-node"
+    assert admin.get_pod(NS, "token-bind")["metadata"]["annotations"] == {"gpushare.io/gpu-index": "0"}
+    with pytest.raises(Forbidden):  # the chart grants no pods patch: the Binding carries the annotations
+        client.patch_pod_annotations(NS, "token-bind", {"gpushare.io/gpu-index": "1"})
