@@ -5,7 +5,7 @@ Why not urllib3 for these: the extender's bind is one API call per pod on kube-s
 and urllib3 over http.client spends about 0.9 ms of CPU on one such call (header containers, the
 email parser for response headers, retry and timeout objects) where writing the request and reading
 the answer directly spends about 0.2 ms, TLS included (measured against a real kube-apiserver; see
-docs/policies.md "Throughput"). Streams (watches) stay on urllib3: they are opened once per
+docs/policies.md "How the policy meets kube-scheduler"). Streams (watches) stay on urllib3: they are opened once per
 resource, not once per pod.
 
 What is implemented is what the API server speaks: HTTP/1.1 with Content-Length or chunked bodies,

@@ -321,8 +321,8 @@ class ApiServerClient:
 
         Its refresh hook (in-cluster service account and kubeconfig tokens) reloads the whole
         configuration on each call, twice per request here: ~0.3 ms of CPU, as much as the rest of a
-        bind (measured, docs/policies.md "Throughput"). The in-cluster loader re-reads a rotated token
-        once a minute anyway; a 401 asks again at once (_open)."""
+        bind (measured; docs/policies.md "How the policy meets kube-scheduler"). The in-cluster
+        loader re-reads a rotated token once a minute anyway; a 401 asks again at once (_open)."""
         now = self._clock()
         with self._lock:
             if now < self._auth_until:

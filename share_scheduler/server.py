@@ -6,7 +6,7 @@ shared cores every millisecond we spend is one kube-scheduler does not get. Unde
 worker, reading a request, building its WSGI environ, routing it through Flask and writing the answer
 cost about 1.8 ms of CPU per pod (filter and bind) on top of the 2 ms the verbs themselves take
 (measured per thread in bench/bench_throughput.py runs, 1,000 nodes); here a request is read with a
-few socket reads and answered with one write. See docs/policies.md "Throughput".
+few socket reads and answered with one write. See docs/policies.md "How the policy meets kube-scheduler".
 
 Threads: `threads` workers each accept connections on the one listening socket and serve a
 connection's requests in turn (kube-scheduler keeps its connections alive; its binds arrive on
