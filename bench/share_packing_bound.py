@@ -58,9 +58,10 @@ prices that: a gap is worth K_h, the knapsack over the sizes whose pods (the Q q
 and memory asks) the node can still host, and a share costs V(before) - V(after) - pi(s), V the sum of
 K_h over the node's partly used GPUs (node-local; with no CPU known it is the plain price). Seeds 0-9
 at Q 0.5: 3.988 against 4.281, lower on every seed (Q 0.25 / 1 / 0: 3.950 / 3.951 / 4.004; CPU alone
-4.018; GPU i alone, not the node's other GPUs, 4.007); seeds 10-19: see the report of issue 12f;
-`gpushare=100` seeds 0-1 11.70 against 11.80; `gpuspec=33` seeds 0-4 11.06 against 10.95 (worse; a
-model-aware K_h changes nothing there).
+4.018; GPU i alone, not the node's other GPUs, 4.007); held out, seeds 10-19: 3.945 against 4.266,
+lower on every seed (Q 0.25: 3.959). `gpushare=100` seeds 0-1: 11.70 against 11.80; `gpuspec=33`
+seeds 0-4: 11.06 against 10.95, worse on every seed (a model-aware K_h changes nothing there, nor does
+a tenth of the weight on the host part).
 
 `--lp`: the product's own solver of that LP (`share_scheduler/patterns.py`, pure Python, exact) on the
 trace's learned share sizes: its solve time, pivots and optimum, and its prices against HiGHS's (when
