@@ -296,22 +296,29 @@ def online_frag(workload: Workload, seed: int, loss: Callable[[int, int], float]
             continue
         _, n, chosen = best
         placed += pod.gpu_request
-        old = views[n]
-        gpus = list(old[0])
-        for p in chosen:
-            gpus[p] = (gpus[p][0], gpus[p][1] - d.per_gpu)
-        new: NodeView = (
-            tuple(gpus),
-            None if old[1] is None else old[1] - d.cpu,
-            None if old[2] is None else old[2] - d.memory,
-        )
-        views[n] = new
-        members[old].remove(n)
-        if not members[old]:
-            del members[old]
-        members.setdefault(new, []).append(n)
-        members[new].sort()
+        place(views, members, n, chosen, d)
     return 100 - 100 * placed / workload.gpu_capacity
+
+
+def place(
+    views: list[NodeView], members: dict[NodeView, list[int]], n: int, chosen: tuple[int, ...], d: Demand
+) -> None:
+    """Node `n` takes the pod on GPUs `chosen`: its view moves from one group of equal nodes to another."""
+    old = views[n]
+    gpus = list(old[0])
+    for p in chosen:
+        gpus[p] = (gpus[p][0], gpus[p][1] - d.per_gpu)
+    new: NodeView = (
+        tuple(gpus),
+        None if old[1] is None else old[1] - d.cpu,
+        None if old[2] is None else old[2] - d.memory,
+    )
+    views[n] = new
+    members[old].remove(n)
+    if not members[old]:
+        del members[old]
+    members.setdefault(new, []).append(n)
+    members[new].sort()
 
 
 def share_candidates(policy: Any, view: NodeView, demand: Demand) -> list[tuple[float, tuple[int, ...]]]:
@@ -616,23 +623,10 @@ def online_commit(
             continue
         n, chosen = pick
         placed += pod.gpu_request
-        old = views[n]
-        gpus = list(old[0])
-        for p in chosen:
-            gpus[p] = (gpus[p][0], gpus[p][1] - d.per_gpu)
-            if d.per_gpu < unit:
+        if d.per_gpu < unit:
+            for p in chosen:
                 commit.placed((n, p), d.per_gpu if share else None, fresh)
-        new: NodeView = (
-            tuple(gpus),
-            None if old[1] is None else old[1] - d.cpu,
-            None if old[2] is None else old[2] - d.memory,
-        )
-        views[n] = new
-        members[old].remove(n)
-        if not members[old]:
-            del members[old]
-        members.setdefault(new, []).append(n)
-        members[new].sort()
+        place(views, members, n, chosen, d)
     for n, v in enumerate(views):  # what is left: partly used GPUs by gap, targets left open
         for g, (_, f) in enumerate(v[0]):
             if 0 < f < cap[n][g]:
