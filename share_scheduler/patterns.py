@@ -167,10 +167,13 @@ class GapPrices:
         self._sizes = [s // self._g for s in priced]
         self._values = [int(self.price[s] * self._den) for s in priced]
         self._k: list[int] = [0]
-        self._extend(capacity // self._g)
+        self._extend(self._k, self._sizes, self._values, capacity // self._g)
+        self.priced = frozenset(priced)
+        # K over a subset of the sizes (`host_value`), one table per subset met.
+        self._subsets: dict[frozenset[int], tuple[list[int], list[int], list[int]]] = {}
 
-    def _extend(self, r_max: int) -> None:
-        best, sizes, values = self._k, self._sizes, self._values
+    @staticmethod
+    def _extend(best: list[int], sizes: list[int], values: list[int], r_max: int) -> None:
         for r in range(len(best), r_max + 1):
             b = best[r - 1]
             for s, v in zip(sizes, values, strict=True):
@@ -183,8 +186,33 @@ class GapPrices:
     def _value(self, free: int) -> int:
         r = free // self._g
         if r >= len(self._k):
-            self._extend(r)
+            self._extend(self._k, self._sizes, self._values, r)
         return self._k[r]
+
+    @property
+    def denominator(self) -> int:
+        """`host_value` and `price_units` count in 1 / this of a unit (integers, exact)."""
+        return self._den
+
+    def price_units(self, size: int) -> int:
+        """pi(size) in 1 / `denominator` units (0 for a size with no price)."""
+        p = self.price.get(size)
+        return 0 if p is None else int(p * self._den)
+
+    def host_value(self, free: int, sizes: frozenset[int]) -> int:
+        """K(free) over only `sizes` (a subset of `priced`), in 1 / `denominator` units: what a gap is
+        worth when only pods of those sizes can still come to it (`frag`'s host-aware gap price)."""
+        if sizes == self.priced:
+            return self._value(free)
+        t = self._subsets.get(sizes)
+        if t is None:
+            order = sorted(sizes)
+            t = self._subsets[sizes] = ([0], [s // self._g for s in order], [self.price_units(s) for s in order])
+        best, ss, vs = t
+        r = free // self._g
+        if r >= len(best):
+            self._extend(best, ss, vs, max(r, self.capacity // self._g))
+        return best[r]
 
     def value(self, free: int) -> Fraction:
         """K(free): the most a gap of `free` units earns at the LP's prices."""

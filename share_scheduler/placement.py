@@ -547,6 +547,12 @@ class _Pricer:
         self, table: WorkloadTable, wa: int, wb: int, gap_weight: Fraction = Fraction(0), gpu_unit: int | None = None
     ) -> None:
         self.table = table
+        # size -> (CPU, memory) a typical pod of that share size asks (`host_gap`); FragPolicy fills it
+        # on the first priced placement that knows CPU (never in the extender, which does not).
+        self.host_needs: dict[int, tuple[int, int]] | None = None
+        self._hostable: dict[tuple[int, int | None], frozenset[int]] = {}
+        self._interned: dict[frozenset[int], frozenset[int]] = {}
+        self._host_gaps: dict[int, int] = {}
         self.wa, self.keep_w = wa, wb - wa
         self.total_w = table.weight * wb  # units per unit of free capacity
         # The LP gap price (`gap`): solved on first use, once per table; None until then.
@@ -632,6 +638,79 @@ class _Pricer:
             assert gp is not None
             v = d[free] = round(self._gap_scale * gp.loss(free, per))
         return v
+
+    def hostable(self, cpu: int, memory: int | None) -> frozenset[int]:
+        """The priced share sizes whose typical pod (`host_needs`) a node with `cpu` and `memory` free
+        could still host."""
+        key = (cpu, memory)
+        got = self._hostable.get(key)
+        if got is None:
+            gp, needs = self._gap_prices, self.host_needs
+            assert gp is not None and needs is not None
+            got = frozenset(
+                s for s, (c, m) in needs.items() if s in gp.priced and c <= cpu and (memory is None or m <= memory)
+            )
+            got = self._interned.setdefault(got, got)  # one object per set: `host_gap` compares by identity
+            if len(self._hostable) >= 100_000:
+                self._hostable.clear()
+            self._hostable[key] = got
+        return got
+
+    def host_gap(
+        self, gpus: GpuView, pos: int, per: int, host: tuple[int, int | None], host_after: tuple[int, int | None]
+    ) -> int:
+        """`gap` when the node's free CPU and memory are known (`host`, and `host_after` the share).
+
+        A gap is worth K_h, the knapsack at the LP's prices over only the sizes whose typical pod the
+        node can still host (`hostable`): a half-full GPU on a node with no CPU left for any share that
+        would fit it is worth nothing, not what its free units could earn. A share of `per` on GPU
+        `pos` loses V(before) - V(after) - pi(per), V the sum of K_h over the node's partly used GPUs
+        and GPU `pos` (the share's CPU and memory can strand the node's other gaps too). Node-local,
+        and `gap` itself wherever the node can host every size before and after."""
+        f = gpus[pos][1]
+        gp = self.gap_prices()
+        if gp is None or self.host_needs is None:
+            return self.gap(f, per)
+        if per not in gp.price:
+            return self.host_strand(gpus, (pos,), host, host_after)
+        before = self.hostable(*host)
+        after = self.hostable(*host_after)
+        value = gp.host_value
+        v = value(f, before) - value(f - per, after) - gp.price_units(per)
+        if before is not after:
+            cap = gp.capacity
+            for j, (_, g) in enumerate(gpus):
+                if j != pos and 0 < g < cap:
+                    v += value(g, before) - value(g, after)
+        units = self._host_gaps.get(v)
+        if units is None:
+            units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
+        return units
+
+    def host_strand(
+        self, gpus: GpuView, chosen: tuple[int, ...], host: tuple[int, int | None], host_after: tuple[int, int | None]
+    ) -> int:
+        """What a pod that is not a priced share (whole GPUs, several GPUs, CPU only) costs the node's
+        other partly used GPUs at the host-aware gap price: its CPU and memory may leave them no pod."""
+        gp = self.gap_prices()
+        if gp is None or self.host_needs is None:
+            return 0
+        before = self.hostable(*host)
+        after = self.hostable(*host_after)
+        if before is after:
+            return 0
+        value = gp.host_value
+        cap = gp.capacity
+        v = 0
+        for j, (_, g) in enumerate(gpus):
+            if 0 < g < cap and j not in chosen:
+                v += value(g, before) - value(g, after)
+        if not v:
+            return 0
+        units = self._host_gaps.get(v)
+        if units is None:
+            units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
+        return units
 
     def single_loss(self, per: int) -> dict[tuple[str, int], int]:
         """(model, free) -> what taking `per` units from that GPU costs the single-GPU groups, plus the
@@ -915,6 +994,22 @@ class _Pricer:
         return d
 
 
+def _quantile(counted: list[tuple[int, int]], q: float) -> int:
+    """The value at position min(n - 1, int(q x n)) of the n values (each listed with its count) sorted."""
+    counted.sort()
+    n = sum(c for _, c in counted)
+    at = min(n - 1, int(q * n))
+    for value, c in counted:
+        if at < c:
+            return value
+        at -= c
+    raise ValueError("no values")  # pragma: no cover - n > 0 whenever a size was observed
+
+
+# The CPU and memory a share size's "typical" pod asks, for frag's host-aware gap price: the median
+# (docs/simulator.md, `frag` item 7).
+HOST_QUANTILE = 0.5
+
 # frag's weight on the LP gap price (`_Pricer.gap`), in GPU units per unit of loss: large enough that the
 # loss decides first and frag's fragmentation price breaks its ties (docs/simulator.md, `frag` item 6).
 GAP_WEIGHT = 1000.0
@@ -935,9 +1030,15 @@ class FragPolicy(_ViewPolicy):
         pressure: float = 3.0,
         gap_weight: float = GAP_WEIGHT,
         gpu_unit: int | None = None,
+        host_quantile: float | None = HOST_QUANTILE,
     ) -> None:
         if not 0.0 <= fill_weight <= 1.0 or pressure < 0 or gap_weight < 0:
             raise ValueError("frag: fill_weight must be in [0, 1], pressure and gap_weight non-negative")
+        if host_quantile is not None and not 0.0 <= host_quantile <= 1.0:
+            raise ValueError("frag: host_quantile must be in [0, 1] (or None: the gap price ignores CPU)")
+        self.host_quantile = host_quantile
+        # (per_gpu, cpu, memory) -> single-GPU pods observed: what a share size's pods ask of a host.
+        self._share_asks: dict[tuple[int, int, int], int] = {}
         self.fill_weight = fill_weight
         self._wa, self._wb = fill_ratio(fill_weight)
         self.pressure = pressure
@@ -972,6 +1073,9 @@ class FragPolicy(_ViewPolicy):
                 self._counts[key] = 0.0
                 self._dirty = True
             self._counts[key] += 1.0
+            if demand.count == 1:
+                ask = (demand.per_gpu, demand.cpu, demand.memory)
+                self._share_asks[ask] = self._share_asks.get(ask, 0) + 1
             self._observed += 1
             if self._observed >= (1.0 + self.REFRESH) * max(self._table_observed, 1):
                 self._dirty = True
@@ -1009,6 +1113,19 @@ class FragPolicy(_ViewPolicy):
                     self._eval_size = 0
                     self._dirty = False
         return self._table
+
+    def host_needs(self) -> dict[int, tuple[int, int]]:
+        """Per single-GPU size: the `host_quantile` of its pods' CPU asks and of their memory asks
+        (`_Pricer.host_gap`'s typical pod), from what was observed."""
+        q = self.host_quantile or 0.0
+        with self._lock:
+            asks = list(self._share_asks.items())
+        by_size: dict[int, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        for (per, cpu, mem), n in asks:
+            cpus, mems = by_size.setdefault(per, ([], []))
+            cpus.append((cpu, n))
+            mems.append((mem, n))
+        return {per: (_quantile(cpus, q), _quantile(mems, q)) for per, (cpus, mems) in by_size.items()}
 
     def model_pressure(self, model: str) -> float:
         """Probability that a pod is restricted to GPU models that include `model` (scarce capacity)."""
@@ -1368,6 +1485,11 @@ class FragPolicy(_ViewPolicy):
         else:
             before = self.node_units(gpus, cpu_free)
             aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
+            if self.host_quantile is not None and pricer.host_needs is None:
+                pricer.host_needs = self.host_needs()
+            mem_free = view[2]
+            host = (cpu_free, mem_free)
+            host_after = (cpu_after, None if mem_free is None else mem_free - demand.memory)
             for chosen in candidates:
                 if demand.count == 1:
                     # One GPU changes: update the per-group sums instead of recounting the node.
@@ -1379,13 +1501,15 @@ class FragPolicy(_ViewPolicy):
                         table,
                         self._wa,
                         self._wb,
-                    ) + pricer.gap(f, per)
+                    ) + pricer.host_gap(gpus, chosen[0], per, host, host_after)
                 else:
                     after_gpus = list(gpus)
                     for i in chosen:
                         m, f = after_gpus[i]
                         after_gpus[i] = (m, f - per)
-                    after = self.node_units(tuple(after_gpus), cpu_after)
+                    after = self.node_units(tuple(after_gpus), cpu_after) + pricer.host_strand(
+                        gpus, chosen, host, host_after
+                    )
                 delta = after - before
                 left = sum(gpus[i][1] for i in chosen) - per * len(chosen)
                 if best is None or (delta, left) < best[:2]:

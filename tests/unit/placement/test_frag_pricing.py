@@ -172,14 +172,81 @@ def reference_loss(policy: FragPolicy, free: int, per: int) -> Fraction:
 
 def reference_gap(policy: FragPolicy, free: int, per: int) -> int:
     """`reference_loss` x the gap weight, in the exact units `fragmentation_units` counts in."""
+    return to_units(policy, reference_loss(policy, free, per))
+
+
+def to_units(policy: FragPolicy, loss: Fraction) -> int:
     wb = fill_ratio(policy.fill_weight)[1]
     w = Fraction(policy.gap_weight).limit_denominator(1000)
-    return round(w * policy.table.weight * wb * reference_loss(policy, free, per))
+    return round(w * policy.table.weight * wb * loss)
 
 
-def reference_evaluate(policy: FragPolicy, view, demand: Demand):
+def reference_needs(observed: list[Demand], q: float) -> dict[int, tuple[int, int]]:
+    """Per single-GPU size: the q-quantile (position min(n - 1, int(q x n)) sorted) of its pods' CPU and
+    of their memory asks."""
+    out = {}
+    for per in {d.per_gpu for d in observed if d.count == 1}:
+        cpus = sorted(d.cpu for d in observed if d.count == 1 and d.per_gpu == per)
+        mems = sorted(d.memory for d in observed if d.count == 1 and d.per_gpu == per)
+        at = min(len(cpus) - 1, int(q * len(cpus)))
+        out[per] = (cpus[at], mems[at])
+    return out
+
+
+def reference_knapsack(prices: dict[int, Fraction], sizes: set[int], r: int) -> Fraction:
+    """The most pods of `sizes` (any number of each) fitting r units earn at `prices`, by brute force."""
+    best = [Fraction(0)] * (r + 1)
+    for x in range(1, r + 1):
+        best[x] = max([best[x - 1]] + [best[x - s] + prices[s] for s in sizes if s <= x])
+    return best[r]
+
+
+def reference_host_loss(
+    policy: FragPolicy, observed: list[Demand], view, demand: Demand, chosen: tuple[int, ...]
+) -> Fraction:
+    """frag's host-aware gap price written out: a gap is worth the knapsack over the priced sizes whose
+    typical pod (`reference_needs`) the node can host; a priced share loses V(before) - V(after) - pi,
+    anything else what the node's other partly used GPUs lose."""
+    gpus, cpu, mem = view
+    t = policy.table
+    unit = policy.gpu_unit or max((g.per_gpu for g in t.groups), default=0)
+    counts: dict[int, int] = {}
+    for g in t.groups:
+        if g.count == 1 and 0 < g.per_gpu < unit:
+            counts[g.per_gpu] = counts.get(g.per_gpu, 0) + g.weight
+    if not counts or not policy.gap_weight:
+        return Fraction(0)
+    prices = GapPrices(counts, unit).price
+    needs = reference_needs(observed, policy.host_quantile)
+    after_mem = None if mem is None else mem - demand.memory
+
+    def hostable(c: int, m: int | None) -> set[int]:
+        return {s for s, p in prices.items() if p > 0 and needs[s][0] <= c and (m is None or needs[s][1] <= m)}
+
+    before, after = hostable(cpu, mem), hostable(cpu - demand.cpu, after_mem)
+    share = demand.count == 1 and demand.per_gpu in prices
+    loss = Fraction(0)
+    for j, (_, f) in enumerate(gpus):
+        if share and j == chosen[0]:
+            loss += reference_knapsack(prices, before, f) - reference_knapsack(prices, after, f - demand.per_gpu)
+            loss -= prices[demand.per_gpu]
+        elif 0 < f < unit and j not in chosen:
+            loss += reference_knapsack(prices, before, f) - reference_knapsack(prices, after, f)
+    return loss
+
+
+def reference_price(policy: FragPolicy, observed: list[Demand], view, demand: Demand, chosen) -> Fraction:
+    """The gap price (before its weight) of `chosen`: the plain LP loss without CPU, host-aware with it."""
+    if view[1] is not None and policy.host_quantile is not None:
+        return reference_host_loss(policy, observed, view, demand, chosen)
+    if demand.count == 1:
+        return reference_loss(policy, view[0][chosen[0]][1], demand.per_gpu)
+    return Fraction(0)
+
+
+def reference_evaluate(policy: FragPolicy, view, demand: Demand, observed: list[Demand] | None = None):
     """frag's decision by recounting the node for every candidate (the general path, no shortcuts),
-    plus the LP gap price for a single-GPU demand."""
+    plus the LP gap price (`reference_price`; `observed`: the demands taught, when CPU is known)."""
     elig = eligible_positions(view, demand)
     if elig is None:
         return None
@@ -203,8 +270,7 @@ def reference_evaluate(policy: FragPolicy, view, demand: Demand):
             after[i] = (after[i][0], after[i][1] - demand.per_gpu)
         taken = demand.per_gpu * len(chosen)
         delta = fragmentation_units(total - taken, group_aggregates(tuple(after), t), cpu_after, t, wa, wb) - before
-        if demand.count == 1:
-            delta += reference_gap(policy, gpus[chosen[0]][1], demand.per_gpu)
+        delta += to_units(policy, reference_price(policy, observed or [], view, demand, chosen))
         left = sum(gpus[i][1] for i in chosen) - taken
         if best is None or (delta, left) < best[:2]:
             best = (delta, left, chosen)
@@ -218,19 +284,34 @@ def test_fast_paths_decide_exactly_as_a_recount(cpu):
     for _ in range(60):
         unit = rng.choice((80, 1000))
         p = FragPolicy()
-        for (per, count, models, c), n in random_table(rng, unit, cpu).items():
-            for _ in range(int(n)):
-                p.observe(Demand(per, count, models, c))
+        observed = taught(p, random_table(rng, unit, cpu), rng, cpu)
         for _ in range(40):
-            view = (random_gpus(rng, unit), rng.choice((0, 8000, 64000)) if cpu else None, None)
+            view = (
+                random_gpus(rng, unit),
+                rng.choice((0, 2000, 8000, 64000)) if cpu else None,
+                rng.choice((None, 0, 4000, 64000)) if cpu else None,
+            )
             count = rng.choice((0, 1, 1, 1, 2, 4))
             per = rng.choice((unit // 20, unit // 4, unit // 2, unit)) if count else 0
             models = (rng.choice(MODELS).lower(),) if rng.random() < 0.2 else ()
-            d = Demand(per, count, models, rng.choice((0, 4000)) if cpu else 0)
-            assert p.evaluate(view, d) == reference_evaluate(p, view, d)
-            if count == 1:
-                priced += any(reference_gap(p, f, per) for _, f in view[0] if f >= per)
+            d = Demand(per, count, models, rng.choice((0, 4000)) if cpu else 0, rng.choice((0, 2000)) if cpu else 0)
+            ev = p.evaluate(view, d)
+            assert ev == reference_evaluate(p, view, d, observed)
+            if ev is not None:  # was any candidate priced?
+                options = [(i,) for i in eligible_positions(view, d) or ()] if count == 1 else [ev[1]]
+                priced += any(reference_price(p, observed, view, d, c) for c in options)
     assert priced > 30  # the gap price took part, not only frag's own
+
+
+def taught(policy: FragPolicy, table: dict, rng: random.Random, cpu: bool) -> list[Demand]:
+    """Teach `policy` the table's classes (memory asks drawn when CPU is known); the demands taught."""
+    observed = []
+    for (per, count, models, c), n in table.items():
+        for _ in range(int(n)):
+            d = Demand(per, count, models, c, rng.choice((0, 1000, 8000)) if cpu else 0)
+            policy.observe(d)
+            observed.append(d)
+    return observed
 
 
 def test_the_exact_scores_choose_the_nodes_the_float_scores_chose():
@@ -240,14 +321,12 @@ def test_the_exact_scores_choose_the_nodes_the_float_scores_chose():
         unit = rng.choice((80, 1000))
         cpu = rng.random() < 0.5
         p = FragPolicy()
-        for (per, count, models, c), n in random_table(rng, unit, cpu).items():
-            for _ in range(int(n)):
-                p.observe(Demand(per, count, models, c))
+        observed = taught(p, random_table(rng, unit, cpu), rng, cpu)
         views = [(random_gpus(rng, unit), rng.choice((0, 8000, 64000)) if cpu else None, None) for _ in range(40)]
         for _ in range(10):
             d = Demand(rng.choice((unit // 10, unit // 2, unit)), rng.choice((1, 1, 2)), (), 2000 if cpu else 0)
             exact = [None if (e := p.evaluate(v, d)) is None else e[0] for v in views]
-            assert first_best(exact) == first_best([float_score(p, v, d) for v in views])
+            assert first_best(exact) == first_best([float_score(p, v, d, observed) for v in views])
 
 
 def first_best(scores: list[float | None]) -> int | None:
@@ -259,7 +338,7 @@ def first_best(scores: list[float | None]) -> int | None:
     return best
 
 
-def float_score(policy: FragPolicy, view, demand: Demand) -> float | None:
+def float_score(policy: FragPolicy, view, demand: Demand, observed: list[Demand]) -> float | None:
     """The node's score from the float formula, for the GPUs the exact path chose."""
     ev = policy.evaluate(view, demand)
     if ev is None:
@@ -277,8 +356,7 @@ def float_score(policy: FragPolicy, view, demand: Demand) -> float | None:
     cpu_term = 0.0 if cpu_after is None else cpu_after / (cpu_after + 1e6)
     if chosen:
         delta += policy.pressure * policy.model_pressure(gpus[chosen[0]][0]) * demand.per_gpu * len(chosen)
-    if demand.count == 1:
-        delta += policy.gap_weight * float(reference_loss(policy, gpus[chosen[0]][1], demand.per_gpu))
+    delta += policy.gap_weight * float(reference_price(policy, observed, view, demand, chosen))
     return -(delta + 1e-7 * left + 1e-10 * (node_left + cpu_term))
 
 
@@ -412,3 +490,67 @@ def test_before_any_pod_is_seen_frag_places_as_binpack():
         chosen = best_node(nodes, d, frag)
         assert chosen is not None and chosen == best_node(nodes, d, binpack), d
         assert frag.choose(chosen, d) == binpack.choose(chosen, d), d
+
+
+def host_taught() -> FragPolicy:
+    """Shares of 810, 470 and 320 units asking 8 or 16 cores (median 8) and 4-12 GiB, whole GPUs."""
+    p = FragPolicy()
+    for per, n in ((1000, 10), (810, 30), (470, 40), (320, 30)):
+        for i in range(n):
+            p.observe(Demand(per, 1, (), 16000 if i % 3 == 0 else 8000, 4096 * (1 + i % 3)))
+    return p
+
+
+def test_the_typical_pod_of_a_size_is_its_median_ask():
+    p = host_taught()
+    assert p.host_needs() == {1000: (8000, 8192), 810: (8000, 8192), 470: (8000, 8192), 320: (8000, 8192)}
+    p.host_quantile = 0.0
+    assert p.host_needs()[470] == (8000, 4096)
+    p.host_quantile = 1.0
+    assert p.host_needs()[470] == (16000, 12288)
+    with pytest.raises(ValueError, match="host_quantile"):
+        FragPolicy(host_quantile=1.5)
+
+
+def test_with_room_for_every_size_the_host_aware_price_is_the_plain_one():
+    p = host_taught()
+    pricer = p._pricer if p.table else None
+    assert pricer is not None and pricer.gap_prices() is not None
+    pricer.host_needs = p.host_needs()
+    gpus = (("A100", 530), ("A100", 1000), ("A100", 190))
+    roomy = (10**6, 10**6)
+    for pos, per in ((0, 470), (0, 320), (1, 810), (1, 320), (2, 160)):
+        assert pricer.host_gap(gpus, pos, per, roomy, roomy) == pricer.gap(gpus[pos][1], per)
+
+
+def test_a_gap_no_pod_can_reach_is_worth_nothing():
+    p = host_taught()
+    pricer = p._pricer if p.table else None
+    assert pricer is not None
+    gp = pricer.gap_prices()
+    assert gp is not None
+    pricer.host_needs = p.host_needs()
+    gpus = (("A100", 530), ("A100", 1000), ("A100", 0))
+    scale = p.gap_weight * p.table.weight * fill_ratio(p.fill_weight)[1]
+    # A CPU-only pod that takes the node's last 8 cores strands the 530 gap: it costs what a 470 earns.
+    assert pricer.host_strand(gpus, (), (8000, 10**6), (0, 10**6)) == round(scale * gp.price[470])
+    # Memory counts too: too little left for the typical share of any size.
+    assert pricer.host_strand(gpus, (), (10**6, 8192), (10**6, 4096)) == round(scale * gp.price[470])
+    # Leaving enough for the typical share costs nothing, nor does a node with no partly used GPU.
+    assert pricer.host_strand(gpus, (), (16000, 10**6), (8000, 10**6)) == 0
+    assert pricer.host_strand((("A100", 1000),), (), (8000, 10**6), (0, 10**6)) == 0
+    # The node's last share: a 470 in the 530 gap loses nothing, a 320 what it always did (K(530) - pi).
+    assert pricer.host_gap(gpus, 0, 470, (8000, 10**6), (0, 10**6)) == 0
+    assert pricer.host_gap(gpus, 0, 320, (8000, 10**6), (0, 10**6)) == pricer.gap(530, 320) > 0
+    # A gap no typical pod can reach (4 cores left) is worth nothing: a small pod that fills it earns its
+    # price there instead of losing K(530) - K(210) - pi(320).
+    assert pricer.host_gap(gpus, 0, 320, (4000, 10**6), (0, 10**6)) == round(scale * -gp.price[320])
+
+
+def test_the_extender_view_keeps_the_plain_price():
+    """No CPU known (the extender): the host-aware price never enters, whatever was learned."""
+    p = host_taught()
+    view = ((("A100", 530), ("A100", 1000)), None, None)
+    d = Demand(320, 1, (), 8000)
+    assert p.evaluate(view, d) == reference_evaluate(p, view, d)
+    assert p._pricer.host_needs is None
