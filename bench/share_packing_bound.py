@@ -61,7 +61,9 @@ at Q 0.5: 3.988 against 4.281, lower on every seed (Q 0.25 / 1 / 0: 3.950 / 3.95
 4.018; GPU i alone, not the node's other GPUs, 4.007); held out, seeds 10-19: 3.945 against 4.266,
 lower on every seed (Q 0.25: 3.959). `gpushare=100` seeds 0-1: 11.70 against 11.80; `gpuspec=33`
 seeds 0-4: 11.06 against 10.95, worse on every seed (a model-aware K_h changes nothing there, nor does
-a tenth of the weight on the host part).
+a tenth of the weight on the host part). Now in `frag` (`_Pricer.host_gap`, docs/simulator.md `frag`
+item 7), with CPU-only and whole-GPU pods also charged for the gaps they strand (`host_strand`), which
+won `gpuspec=33` back (10.86) and gives 3.927 on seeds 0-9; this prototype stays as it was measured.
 
 `--lp`: the product's own solver of that LP (`share_scheduler/patterns.py`, pure Python, exact) on the
 trace's learned share sizes: its solve time, pivots and optimum, and its prices against HiGHS's (when
