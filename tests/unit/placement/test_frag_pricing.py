@@ -152,9 +152,9 @@ def test_incremental_prices_equal_the_recount_exactly():
 _GAPS: dict = {}
 
 
-def reference_loss(policy: FragPolicy, free: int, per: int) -> Fraction:
-    """The LP gap loss of a share of `per` where `free` is free, solved here from the table's counts:
-    the single-GPU classes below a GPU (the policy's `gpu_unit`, else the largest request learned)."""
+def reference_prices(policy: FragPolicy) -> GapPrices | None:
+    """The LP solved here from the table's counts: the single-GPU classes below a GPU (the policy's
+    `gpu_unit`, else the largest request learned); None when nothing is priced."""
     t = policy.table
     unit = policy.gpu_unit or max((g.per_gpu for g in t.groups), default=0)
     counts: dict[int, int] = {}
@@ -162,12 +162,18 @@ def reference_loss(policy: FragPolicy, free: int, per: int) -> Fraction:
         if g.count == 1 and 0 < g.per_gpu < unit:
             counts[g.per_gpu] = counts.get(g.per_gpu, 0) + g.weight
     if not counts or not policy.gap_weight:
-        return Fraction(0)
+        return None
     key = (tuple(sorted(counts.items())), unit)
     gp = _GAPS.get(key)
     if gp is None:
         gp = _GAPS[key] = GapPrices(counts, unit)
-    return gp.loss(free, per)
+    return gp
+
+
+def reference_loss(policy: FragPolicy, free: int, per: int) -> Fraction:
+    """The LP gap loss of a share of `per` where `free` is free (`reference_prices`)."""
+    gp = reference_prices(policy)
+    return Fraction(0) if gp is None else gp.loss(free, per)
 
 
 def reference_gap(policy: FragPolicy, free: int, per: int) -> int:
@@ -208,15 +214,10 @@ def reference_host_loss(
     typical pod (`reference_needs`) the node can host; a priced share loses V(before) - V(after) - pi,
     anything else what the node's other partly used GPUs lose."""
     gpus, cpu, mem = view
-    t = policy.table
-    unit = policy.gpu_unit or max((g.per_gpu for g in t.groups), default=0)
-    counts: dict[int, int] = {}
-    for g in t.groups:
-        if g.count == 1 and 0 < g.per_gpu < unit:
-            counts[g.per_gpu] = counts.get(g.per_gpu, 0) + g.weight
-    if not counts or not policy.gap_weight:
+    gp = reference_prices(policy)
+    if gp is None:
         return Fraction(0)
-    prices = GapPrices(counts, unit).price
+    prices, unit = gp.price, gp.capacity
     needs = reference_needs(observed, policy.host_quantile)
     after_mem = None if mem is None else mem - demand.memory
 
