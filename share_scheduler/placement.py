@@ -666,7 +666,8 @@ class _Pricer:
         would fit it is worth nothing, not what its free units could earn. A share of `per` on GPU
         `pos` loses V(before) - V(after) - pi(per), V the sum of K_h over the node's partly used GPUs
         and GPU `pos` (the share's CPU and memory can strand the node's other gaps too). Node-local,
-        and `gap` itself wherever the node can host every size before and after."""
+        and `gap` itself wherever the node can host every size before and after. A one-GPU pod of a
+        size with no price (a whole GPU, a size not yet learned) pays `host_strand`."""
         f = gpus[pos][1]
         gp = self.gap_prices()
         if gp is None or self.host_needs is None:
@@ -682,6 +683,11 @@ class _Pricer:
             for j, (_, g) in enumerate(gpus):
                 if j != pos and 0 < g < cap:
                     v += value(g, before) - value(g, after)
+        return self._host_units(v, gp)
+
+    def _host_units(self, v: int, gp: GapPrices) -> int:
+        """A host-aware loss `v` (in 1 / `gp.denominator` units) x the gap weight, in this pricer's
+        integer units, rounded once per value as `gap` rounds."""
         units = self._host_gaps.get(v)
         if units is None:
             units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
@@ -705,12 +711,7 @@ class _Pricer:
         for j, (_, g) in enumerate(gpus):
             if 0 < g < cap and j not in chosen:
                 v += value(g, before) - value(g, after)
-        if not v:
-            return 0
-        units = self._host_gaps.get(v)
-        if units is None:
-            units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
-        return units
+        return self._host_units(v, gp) if v else 0
 
     def single_loss(self, per: int) -> dict[tuple[str, int], int]:
         """(model, free) -> what taking `per` units from that GPU costs the single-GPU groups, plus the
