@@ -15,8 +15,8 @@ import orjson
 
 from share_core.contract import ANN_GPU_COUNT, ANN_NODE_GPUS, RESOURCE_MEM
 from share_scheduler import placement
-from share_scheduler.placement import Demand, Evaluation, NodeView, Policy
-from share_scheduler.sim.engine import SeedResult, build_policy, simulate
+from share_scheduler.placement import Policy
+from share_scheduler.sim.engine import ExtenderView, SeedResult, build_policy, simulate
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
@@ -49,37 +49,6 @@ def protocol_arrivals(workload: Workload, seed: int, tune: float) -> list[int]:
     recorded: list[tuple[int, Any]] = []
     simulate(workload, placement.make_policy("binpack"), seed, tune, placements=recorded)
     return [k for k, _ in recorded]
-
-
-class ExtenderView:
-    """A policy seen through what the live path knows, and nothing more.
-
-    kube-scheduler's own filters (NodeResourcesFit) drop the nodes without the pod's CPU and memory
-    before the extender is asked; the extender then scores GPU state only: its cache keeps no CPU
-    (`NodeState.cpu_free` is None) and a pod's demand carries no CPU (`cache.demand_of`). The policy
-    is the same object code either way; only its view is cut to the extender's."""
-
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.cacheable = inner.cacheable
-
-    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
-        gpus, cpu_free, memory_free = view
-        if (cpu_free is not None and cpu_free < demand.cpu) or (
-            memory_free is not None and memory_free < demand.memory
-        ):
-            return None  # NodeResourcesFit's Filter, before any extender
-        return self.inner.evaluate((gpus, None, None), _gpu_only(demand))
-
-    def observe(self, demand: Demand) -> None:
-        # The extender learns from the pods that ask for GPU memory (its cache's observer), not others.
-        if demand.count > 0:
-            self.inner.observe(_gpu_only(demand))
-
-
-def _gpu_only(demand: Demand) -> Demand:
-    return Demand(demand.per_gpu, demand.count, demand.models)
 
 
 def simulate_sample(
