@@ -138,10 +138,11 @@ def build_policy(name: str, seed: int, workload: Workload, view: str = "sim") ->
     `random`; the largest GPU told to `frag` as the cache tells it) and seen through `ExtenderView`."""
     if view not in VIEWS:
         raise ValueError(f"unknown view {view!r}: choose from {', '.join(VIEWS)}")
+    cls = placement.POLICIES.get(name)
+    params = inspect.signature(cls).parameters if cls is not None else {}
+    options: dict[str, int] = {"seed": seed} if "seed" in params else {}
     if view == "extender":
-        cls = placement.POLICIES.get(name)
-        params = inspect.signature(cls).parameters if cls is not None else {}
-        inner = placement.make_policy(name, **({"seed": seed} if "seed" in params else {}))
+        inner = placement.make_policy(name, **options)
         set_unit = getattr(inner, "set_gpu_unit", None)
         if set_unit is not None and workload.gpu_capacity > 0:
             set_unit(max(max(n.gpus) for n in workload.nodes if n.gpus))
@@ -149,9 +150,6 @@ def build_policy(name: str, seed: int, workload: Workload, view: str = "sim") ->
         for pod in workload.pods:
             seen.observe(pod.demand())
         return seen
-    cls = placement.POLICIES.get(name)
-    params = inspect.signature(cls).parameters if cls is not None else {}
-    options: dict[str, int] = {"seed": seed} if "seed" in params else {}
     # Normalisers (bestfit): the largest node's CPU and GPU capacity, as the paper's constants are for
     # the openb cluster (128 cores, 8 x 1000 units); also right for a YAML cluster counted in GiB.
     cpus = [n.cpu for n in workload.nodes if n.cpu]
