@@ -8,7 +8,8 @@ protocol (CPU-only pods and pods that fit nowhere included) go through
   in the protocol a pod that fits nowhere fails and the next arrives);
 - share-sim's engine (`engine.simulate`) on the same nodes and the same arrivals in the same order:
   for binpack share-sim's own run; for frag with its policy seeing what the extender sees
-  (`engine.ExtenderView`, `share-sim --view extender`: share-sim's frag also weighs CPU, which the extender does not see).
+  (`engine.ExtenderView`, `share-sim --view extender`: share-sim's frag also weighs CPU, which the
+  extender does not see).
 Every pod must land on the same node and GPUs both ways, so the allocation ratios agree exactly.
 
 What the two sides are given so that they may agree:
