@@ -674,24 +674,9 @@ class _Pricer:
             return self.gap(f, per)
         if per not in gp.price:
             return self.host_strand(gpus, (pos,), host, host_after)
-        before = self.hostable(*host)
-        after = self.hostable(*host_after)
-        value = gp.host_value
-        v = value(f, before) - value(f - per, after) - gp.price_units(per)
-        if before is not after:
-            cap = gp.capacity
-            for j, (_, g) in enumerate(gpus):
-                if j != pos and 0 < g < cap:
-                    v += value(g, before) - value(g, after)
-        return self._host_units(v, gp)
-
-    def _host_units(self, v: int, gp: GapPrices) -> int:
-        """A host-aware loss `v` (in 1 / `gp.denominator` units) x the gap weight, in this pricer's
-        integer units, rounded once per value as `gap` rounds."""
-        units = self._host_gaps.get(v)
-        if units is None:
-            units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
-        return units
+        before, after = self.hostable(*host), self.hostable(*host_after)
+        v = gp.host_value(f, before) - gp.host_value(f - per, after) - gp.price_units(per)
+        return self._host_units(v + self._stranded(gp, gpus, (pos,), before, after), gp)
 
     def host_strand(
         self, gpus: GpuView, chosen: tuple[int, ...], host: tuple[int, int | None], host_after: tuple[int, int | None]
@@ -701,17 +686,29 @@ class _Pricer:
         gp = self.gap_prices()
         if gp is None or self.host_needs is None:
             return 0
-        before = self.hostable(*host)
-        after = self.hostable(*host_after)
-        if before is after:
-            return 0
-        value = gp.host_value
-        cap = gp.capacity
-        v = 0
-        for j, (_, g) in enumerate(gpus):
-            if 0 < g < cap and j not in chosen:
-                v += value(g, before) - value(g, after)
+        v = self._stranded(gp, gpus, chosen, self.hostable(*host), self.hostable(*host_after))
         return self._host_units(v, gp) if v else 0
+
+    @staticmethod
+    def _stranded(
+        gp: GapPrices, gpus: GpuView, chosen: tuple[int, ...], before: frozenset[int], after: frozenset[int]
+    ) -> int:
+        """What the partly used GPUs outside `chosen` lose (1 / `gp.denominator` units) when what the
+        node can host goes from `before` to `after`: V's part that the pod's CPU and memory move."""
+        if before is after:  # interned by `hostable`: the same set, nothing moves
+            return 0
+        value, cap = gp.host_value, gp.capacity
+        return sum(
+            value(g, before) - value(g, after) for j, (_, g) in enumerate(gpus) if 0 < g < cap and j not in chosen
+        )
+
+    def _host_units(self, v: int, gp: GapPrices) -> int:
+        """A host-aware loss `v` (in 1 / `gp.denominator` units) x the gap weight, in this pricer's
+        integer units, rounded once per value as `gap` rounds."""
+        units = self._host_gaps.get(v)
+        if units is None:
+            units = self._host_gaps[v] = round(self._gap_scale * Fraction(v, gp.denominator))
+        return units
 
     def single_loss(self, per: int) -> dict[tuple[str, int], int]:
         """(model, free) -> what taking `per` units from that GPU costs the single-GPU groups, plus the
