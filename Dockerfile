@@ -30,6 +30,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY share_core/ share_core/
+COPY share_node/ share_node/
 COPY share_plugin/ share_plugin/
 COPY share_dra/ share_dra/
 COPY share_scheduler/ share_scheduler/

@@ -23,7 +23,7 @@ from share_dra.slices import resource_slice
 from share_inspect.dra import dra_state
 from share_inspect.render import render_details, render_json, render_summary, render_yaml
 from share_inspect.report import build_report
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 GPUS_PER_NODE = 8
 MODELS = [("NVIDIA A100-SXM4-80GB", 80), ("NVIDIA L4", 24), ("Tesla T4", 16)]

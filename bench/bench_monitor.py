@@ -62,7 +62,7 @@ def main() -> None:
         for i in range(GPUS)
     ]
     sys.modules["pynvml"] = stand_in(devices)
-    from share_plugin.backend.nvml import NvmlBackend
+    from share_node.backend.nvml import NvmlBackend
 
     backend = NvmlBackend()
     kube = FakeKube()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend.nvml import NvmlBackend
 
 HOLD = """
 import sys, torch

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from share_core.assignment import Assignment
 from share_core.contract import RESOURCE_MEM, MemoryUnit
 from share_core.fake import FakeKube
+from share_node.backend import Gpu
+from share_node.backend.sim import SimBackend, sim_uuid
 from share_plugin.allocator import Allocator
-from share_plugin.backend import Gpu
-from share_plugin.backend.sim import SimBackend, sim_uuid
 from share_plugin.devices import KUBELET_MAX_RECV_BYTES, device_list
 from share_plugin.podresources import PodResourcesClient
 from share_plugin.server import DevicePlugin, PluginConfig

@@ -3,7 +3,7 @@
 kubelet's NodePrepareResources names a claim (namespace, name, UID); the plugin GETs it and reads
 `status.allocation.devices.results`: the devices kube-scheduler chose for our driver in this node's pool,
 each with the memory it consumed (`consumedCapacity.memory`, KEP-5075). The CDI spec per claim carries the
-same env as the device plugin's Allocate answer (share_plugin.matcher.gpu_env), one CDI device per
+same env as the device plugin's Allocate answer (share_node.env.gpu_env), one CDI device per
 (claim, request, device); where NVIDIA's own CDI spec defines the GPU, the answer names that device too, so
 the runtime injects the GPU itself.
 """
@@ -28,8 +28,8 @@ from share_core.contract import (
     dra_cdi_device,
     dra_device_name,
 )
-from share_plugin.backend import Gpu
-from share_plugin.matcher import gpu_env
+from share_node.backend import Gpu
+from share_node.env import gpu_env
 
 # The spec-level `annotations` need 0.6.0: a runtime's CDI library rejects an older version that uses them
 # ("the spec version must be at least v0.6.0", specs-go version.go requiresV060; seen with containerd 2.4).

@@ -24,7 +24,7 @@ from share_core.contract import (
     DRA_UNHEALTHY_WITHDRAW,
     MemoryUnit,
 )
-from share_plugin.backend.options import add_backend_args, open_backend
+from share_node.backend.options import add_backend_args, open_backend
 
 log = logging.getLogger("share_dra")
 
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     from share_dra.kubeapi import ApiServerDraApi
     from share_dra.publisher import SlicePublisher
     from share_dra.server import PluginServers, Sockets
-    from share_plugin.backend import BackendError
+    from share_node.backend import BackendError
 
     unit = MemoryUnit.parse(args.memory_unit)
     try:

@@ -23,7 +23,7 @@ import yaml
 from share_core.contract import DRA_DRIVER_NAME, MemoryUnit, dra_cdi_spec_file
 from share_core.kube import KubeError, NotFound
 from share_dra.claims import ClaimError, PreparedDevice, allocated_devices, nvidia_cdi_names, prepare, spec_text
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from share_core.contract import DRA_UNHEALTHY_WITHDRAW, MemoryUnit
 from share_core.kube import Conflict, KubeError, NotFound
 from share_dra import slices
 from share_dra.kubeapi import DraApi
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from share_core.contract import (
     MemoryUnit,
     dra_device_name,
 )
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 Obj = dict[str, Any]
 RESOURCE_API = "resource.k8s.io/v1"

@@ -38,7 +38,7 @@ from share_core.contract import (
 )
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound
 from share_core.request import InvalidRequest
-from share_plugin.backend import GpuBackend
+from share_node.backend import GpuBackend
 from share_plugin.matcher import (
     AllocationError,
     BindMount,

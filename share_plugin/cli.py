@@ -20,7 +20,7 @@ from share_core.contract import (
     RESOURCE_MEM,
     MemoryUnit,
 )
-from share_plugin.backend.options import add_backend_args, env_bool, open_backend
+from share_node.backend.options import add_backend_args, env_bool, open_backend
 from share_plugin.monitor import DEFAULT_INTERVAL
 from share_plugin.usage import OverLimitMode
 
@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from share_core.kube import ApiServerClient
+    from share_node.backend import BackendError
     from share_plugin.allocator import Allocator
-    from share_plugin.backend import BackendError
     from share_plugin.devices import DeviceListTooLarge
     from share_plugin.podresources import PodResourcesClient
     from share_plugin.publisher import Publisher

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from share_core.contract import DEVICE_ID_MAX_LEN, MemoryUnit, device_id
 from share_core.gpus import GpuInfo
+from share_node.backend import Gpu
+from share_node.env import gpu_units
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
-from share_plugin.backend import Gpu
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -31,11 +32,6 @@ SAFETY_MARGIN = 0.9
 
 class DeviceListTooLarge(ValueError):
     """The ListAndWatch message would exceed what kubelet accepts."""
-
-
-def gpu_units(gpu: Gpu, unit: MemoryUnit) -> int:
-    """Whole resource units of a GPU (rounded down: never advertise memory it lacks)."""
-    return unit.from_bytes(gpu.memory_bytes)
 
 
 def gpu_infos(gpus: list[Gpu], unit: MemoryUnit) -> list[GpuInfo]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from share_core.contract import ANN_NODE_GPU_USAGE, EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED, MemoryUnit
 from share_core.gpuusage import UsageSummary, changed_enough
 from share_core.kube import KubeClient, KubeError, now_rfc3339
-from share_plugin.backend import GpuBackend
+from share_node.backend import GpuBackend
 from share_plugin.cgroups import CgroupRef, parse_cgroup
 from share_plugin.usage import (
     Cleared,

@@ -24,10 +24,10 @@ from share_core.contract import (
     MemoryUnit,
 )
 from share_core.retry import Backoff
+from share_node.backend import GpuBackend
 from share_plugin.allocator import Allocator
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import deviceplugin_v1beta1_pb2_grpc as pbgrpc
-from share_plugin.backend import GpuBackend
 from share_plugin.devices import DeviceListTooLarge, check_device_ids, check_message_size, device_list, gpu_infos
 from share_plugin.matcher import AllocationError
 from share_plugin.publisher import Publisher

@@ -22,29 +22,10 @@ from share_core.assignment import parse_assignment, pod_annotations, pod_is_fini
 from share_core.contract import MemoryUnit
 from share_core.gpuusage import UsageSummary
 from share_core.request import InvalidRequest, pod_request
+from share_node.backend import GpuReading
 from share_plugin.cgroups import CgroupRef, status_container_id
 
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    """One compute process NVML lists on an offered GPU (a whole GPU or a MIG instance)."""
-
-    gpu_uuid: str
-    pid: int
-    used_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class GpuReading:
-    """One offered GPU at one poll: NVML's used and total memory and its compute processes."""
-
-    index: int
-    uuid: str
-    total_bytes: int
-    used_bytes: int
-    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

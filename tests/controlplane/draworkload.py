@@ -13,7 +13,7 @@ from typing import Any
 
 from share_core.contract import DRA_ATTR_MODEL, DRA_CAPACITY_MEMORY, DRA_DEVICE_CLASS, DRA_DRIVER_NAME, MemoryUnit
 from share_dra.slices import resource_slice
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 

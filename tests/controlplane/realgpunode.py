@@ -23,9 +23,9 @@ from share_core.contract import ANN_NODE_GPUS, ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DE
 from share_core.gpus import node_gpus
 from share_core.kube import KubeError
 from share_core.request import pod_request
+from share_node.backend.sim import parse_sim_gpus
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from share_plugin.backend.sim import parse_sim_gpus
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.gpucluster import GpuCluster, Pod, plugin_argv, wait_for
 from tests.node import RealNode

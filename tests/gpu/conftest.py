@@ -27,9 +27,9 @@ import pytest
 
 from share_core.assignment import Assignment
 from share_core.contract import RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
-from share_plugin.backend import BackendError, Gpu
-from share_plugin.backend.nvml import NvmlBackend
-from share_plugin.matcher import gpu_env
+from share_node.backend import BackendError, Gpu
+from share_node.backend.nvml import NvmlBackend
+from share_node.env import gpu_env
 from share_plugin.mps import control_problem
 
 PYTHON = os.environ.get("GPUSHARE_GPU_PYTHON", sys.executable)

@@ -16,8 +16,8 @@ from share_core.contract import (
 )
 from share_dra.claims import AllocatedDevice, prepare
 from share_dra.slices import resource_slice
-from share_plugin.backend import Gpu
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend import Gpu
+from share_node.backend.nvml import NvmlBackend
 from tests.gpu.conftest import NODE, SAMPLES, run_python
 
 

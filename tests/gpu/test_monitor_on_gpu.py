@@ -11,8 +11,8 @@ import pytest
 
 from share_core.contract import EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED, MemoryUnit
 from share_core.fake import FakeKube
-from share_plugin.backend import Gpu
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend import Gpu
+from share_node.backend.nvml import NvmlBackend
 from share_plugin.monitor import Monitor
 from share_plugin.usage import OverLimitMode, Usage
 from tests.gpu.conftest import (

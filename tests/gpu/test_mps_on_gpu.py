@@ -8,8 +8,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from share_plugin.backend import Gpu
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend import Gpu
+from share_node.backend.nvml import NvmlBackend
 from share_plugin.mps import control_problem
 from tests.gpu.conftest import MIB, SAMPLES, MpsDaemon, holding, run_python, share_env
 

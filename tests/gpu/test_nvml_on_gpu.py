@@ -8,8 +8,8 @@ import threading
 
 from share_core.contract import ANN_NODE_GPUS, DEVICE_ID_MAX_LEN, MemoryUnit
 from share_core.gpus import parse_node_gpus
-from share_plugin.backend import Gpu
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend import Gpu
+from share_node.backend.nvml import NvmlBackend
 from share_plugin.devices import check_device_ids, device_list
 from tests.gpu.conftest import GIB, MIB, SAMPLES, holding, run_python, share_env, wait_for
 from tests.unit.plugin.simnode import make_pod, start_node, stop_node

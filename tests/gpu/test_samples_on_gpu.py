@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 from tests.gpu.conftest import SAMPLES, run_python, share_env
 
 

@@ -44,7 +44,7 @@ from share_dra.api import dra_v1_pb2_grpc as pbgrpc
 from share_dra.api import pluginregistration_v1_pb2 as regpb
 from share_dra.api import pluginregistration_v1_pb2_grpc as reggrpc
 from share_dra.claims import quantity_bytes
-from share_plugin.backend.sim import sim_uuid
+from share_node.backend.sim import sim_uuid
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess

@@ -29,7 +29,7 @@ from share_core.dra_convert import convert_all
 from share_core.kube import ApiServerClient, KubeError
 from share_dra.slices import resource_slice
 from share_inspect.cli import main as inspect_main
-from share_plugin.backend.sim import SimBackend
+from share_node.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
 from tests.unit.chart.helm import CHART_DIR, HelmError, Obj, render_chart, run_helm

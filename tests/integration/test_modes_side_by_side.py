@@ -22,7 +22,7 @@ from share_core.assignment import parse_assignment, pod_annotations
 from share_core.contract import DRA_ATTR_UUID, DRA_CAPACITY_MEMORY
 from share_core.kube import KubeError
 from share_dra.claims import quantity_bytes
-from share_plugin.backend.sim import sim_uuid
+from share_node.backend.sim import sim_uuid
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.draworkload import RESOURCE_API, claim_pod, device_class, memory_claim
 from tests.controlplane.gpucluster import GpuCluster, pod_spec, wait_for

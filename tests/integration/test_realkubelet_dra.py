@@ -36,7 +36,7 @@ from share_core.contract import (
 )
 from share_core.kube import NotFound
 from share_dra.claims import quantity_bytes
-from share_plugin.backend.sim import SimBackend
+from share_node.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.draworkload import device_class

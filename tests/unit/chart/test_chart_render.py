@@ -729,7 +729,7 @@ def test_grafana_dashboard_config_map(all_docs: list[Obj], default_docs: list[Ob
 
     from share_core.contract import MemoryUnit
     from share_core.fake import FakeKube
-    from share_plugin.backend.sim import SimBackend
+    from share_node.backend.sim import SimBackend
     from share_plugin.metrics import MonitorCollector
     from share_plugin.monitor import Monitor
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from share_core.contract import MemoryUnit
 from share_dra.claims import AllocatedDevice, prepare
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * 1024**3, 0)]
 

@@ -23,7 +23,7 @@ from share_dra.claims import (
     prepare,
     quantity_bytes,
 )
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 from tests.unit.dra.fakeapi import allocated_claim
 
 GIB = 1024**3

@@ -9,7 +9,7 @@ import pytest
 
 from share_core.contract import MemoryUnit
 from share_dra.driver import CHECKPOINT_NAME, Checkpoint, ClaimRef, Driver
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
 
 GIB = 1024**3

@@ -16,7 +16,7 @@ from share_dra.api import pluginregistration_v1_pb2 as regpb
 from share_dra.api import pluginregistration_v1_pb2_grpc as reggrpc
 from share_dra.driver import CHECKPOINT_NAME, Checkpoint, Driver
 from share_dra.server import PluginServers, Sockets
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
 
 GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * 1024**3, 0)]

@@ -6,7 +6,7 @@ import threading
 
 from share_core.contract import MemoryUnit
 from share_dra.publisher import SlicePublisher
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 from tests.unit.dra.fakeapi import FakeDraApi
 
 GIB = 1024**3

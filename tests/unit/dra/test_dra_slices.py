@@ -6,7 +6,7 @@ import pytest
 
 from share_core.contract import DRA_DRIVER_NAME, MemoryUnit
 from share_dra import slices
-from share_plugin.backend import Gpu
+from share_node.backend import Gpu
 
 GIB = 1024**3
 

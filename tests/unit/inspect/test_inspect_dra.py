@@ -311,7 +311,7 @@ def test_reads_the_slice_share_dra_publishes() -> None:
 
     from share_core.contract import DRA_UNHEALTHY_TAINT
     from share_dra.slices import resource_slice
-    from share_plugin.backend.sim import SimBackend
+    from share_node.backend.sim import SimBackend
 
     gpus = SimBackend("1xA100:80GiB,1xT4:16GiB", "n1").gpus()
     gpus[1] = dataclasses.replace(gpus[1], healthy=False)

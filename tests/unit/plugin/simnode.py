@@ -20,9 +20,9 @@ from share_core.assignment import Assignment
 from share_core.contract import ANN_GPU_COUNT, RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
 from share_core.fake import FakeKube
 from share_core.retry import Backoff
+from share_node.backend import GpuBackend
+from share_node.backend.sim import SimBackend
 from share_plugin.allocator import Allocator
-from share_plugin.backend import GpuBackend
-from share_plugin.backend.sim import SimBackend
 from share_plugin.podresources import PodResourcesClient
 from share_plugin.publisher import Publisher
 from share_plugin.server import DevicePlugin, PluginConfig

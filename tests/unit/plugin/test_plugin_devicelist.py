@@ -13,8 +13,8 @@ from share_core.contract import ANN_NODE_GPUS, MemoryUnit
 from share_core.fake import FakeKube
 from share_core.gpus import parse_node_gpus
 from share_core.retry import Backoff
+from share_node.backend.nvml import NvmlBackend
 from share_plugin.allocator import Allocator
-from share_plugin.backend.nvml import NvmlBackend
 from share_plugin.devices import gpu_infos
 from share_plugin.publisher import Publisher
 from share_plugin.server import DevicePlugin, PluginConfig
@@ -162,8 +162,8 @@ def test_mig_instances_are_published_and_a_new_layout_republished(
 
 
 def test_mig_instance_by_index_uses_the_toolkit_gpu_colon_mig_form() -> None:
-    from share_plugin.backend import Gpu
-    from share_plugin.matcher import visible_ids
+    from share_node.backend import Gpu
+    from share_node.env import visible_ids
 
     g = Gpu(1, "MIG-x", "A100 MIG 1g.10gb", 10 * GIB, 1, device="1:0", parent_uuid="GPU-y")
     assert visible_ids([g], "index") == ["1:0"] and visible_ids([g], "uuid") == ["MIG-x"]

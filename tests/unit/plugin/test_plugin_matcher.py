@@ -10,10 +10,10 @@ from share_core.contract import MemoryUnit, device_id
 from share_core.fake import FakeKube
 from share_core.kube import Unavailable
 from share_core.retry import Backoff
+from share_node.backend import Gpu
+from share_node.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
+from share_node.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
 from share_plugin.api import podresources_v1_pb2 as prpb
-from share_plugin.backend import Gpu
-from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
-from share_plugin.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
 from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
 from share_plugin.matcher import AllocationError, container_env, match_allocation, runs_without_gpu
 from share_plugin.podresources import view_from_response

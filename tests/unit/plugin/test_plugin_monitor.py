@@ -24,7 +24,7 @@ from share_core.contract import (
 )
 from share_core.fake import FakeKube
 from share_core.gpuusage import parse_gpu_usage
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend.nvml import NvmlBackend
 from share_plugin.cgroups import CgroupRef
 from share_plugin.metrics import registry_for
 from share_plugin.monitor import Killer, Monitor, ProcFs
@@ -396,7 +396,7 @@ def test_killer_never_signals_an_exited_pid(tmp_path: Path) -> None:
 
 
 def test_sim_backend_reports_the_processes_of_its_file(tmp_path: Path) -> None:
-    from share_plugin.backend.sim import SimBackend
+    from share_node.backend.sim import SimBackend
 
     f = tmp_path / "procs.json"
     sim = SimBackend("2xT4:16GiB", NODE, processes_file=str(f))

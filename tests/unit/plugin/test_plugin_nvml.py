@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from share_plugin.backend import BackendError
-from share_plugin.backend.nvml import NvmlBackend
+from share_node.backend import BackendError
+from share_node.backend.nvml import NvmlBackend
 
 GIB = 1024**3
 

@@ -11,10 +11,10 @@ import pytest
 
 from share_core.contract import EVENT_ALLOCATE_REFUSED, EVENT_RUNS_WITHOUT_GPU, RESOURCE_MEM, MemoryUnit, device_id
 from share_core.fake import FakeKube
+from share_node.backend.sim import SimBackend
 from share_plugin.allocator import Allocator
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from share_plugin.backend.sim import SimBackend
 from share_plugin.matcher import AllocationError, PodResourcesView
 from share_plugin.podresources import PodResourcesClient, PodResourcesUnavailable
 from tests.unit.plugin.simnode import NODE, assign, make_pod

@@ -10,7 +10,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from share_plugin.usage import GpuReading
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One compute process NVML lists on an offered GPU (a whole GPU or a MIG instance)."""
+
+    gpu_uuid: str
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One offered GPU at one poll: NVML's used and total memory and its compute processes."""
+
+    index: int
+    uuid: str
+    total_bytes: int
+    used_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,7 @@ import logging
 import threading
 from typing import Any
 
-from share_plugin.backend import BackendError, Gpu, HealthCallback
-from share_plugin.usage import GpuProcess, GpuReading
+from share_node.backend import BackendError, Gpu, GpuProcess, GpuReading, HealthCallback
 
 log = logging.getLogger(__name__)
 

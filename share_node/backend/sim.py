@@ -21,8 +21,7 @@ import threading
 import uuid as uuidlib
 from pathlib import Path
 
-from share_plugin.backend import BackendError, Gpu, HealthCallback
-from share_plugin.usage import GpuProcess, GpuReading
+from share_node.backend import BackendError, Gpu, GpuProcess, GpuReading, HealthCallback
 
 log = logging.getLogger(__name__)
 

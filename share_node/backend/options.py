@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from share_plugin.backend import GpuBackend
+from share_node.backend import GpuBackend
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -35,10 +35,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 def open_backend(args: argparse.Namespace, node: str, processes_file: str | None = None) -> GpuBackend:
     """The backend `add_backend_args` options name. Raises BackendError (or ValueError for bad options)."""
     if args.backend == "sim":
-        from share_plugin.backend.sim import SimBackend
+        from share_node.backend.sim import SimBackend
 
         return SimBackend(args.sim_gpus, node, health_file=args.sim_health_file, processes_file=processes_file)
-    from share_plugin.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
+    from share_node.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
 
     xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
     return NvmlBackend(xids)
