@@ -1,4 +1,8 @@
-"""charts/gpushare rendered by the real helm: lint, schema, and the facts each object must keep."""
+"""charts/gpushare rendered by the real helm: lint, schema, and the facts each object must keep.
+
+One piece: every test reads the module's few helm renderings (module-scoped fixtures; each render costs
+seconds of helm).
+"""
 
 from __future__ import annotations
 
@@ -301,7 +305,9 @@ def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
     ds = daemonset(docs)
     assert not pod_spec(ds).get("hostPID")
     c = h.container(ds, "device-plugin")
-    assert "--monitor-interval=0" in c["args"] and "ports" not in c
+    from share_plugin.cli import build_parser
+
+    assert h.program_args(docs, ds, "device-plugin", build_parser()).monitor_interval == 0 and "ports" not in c
 
 
 def _tight(sc: Obj, caps: Obj) -> None:
@@ -321,7 +327,7 @@ def test_plugin_args_are_accepted_by_share_plugin(docs: list[Obj]) -> None:
     ds = daemonset(docs)
     c = h.container(ds, "device-plugin")
     assert c["command"] == ["share-plugin"]
-    args = build_parser().parse_args(c["args"])
+    args = h.program_args(docs, ds, "device-plugin", build_parser())
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert args.device_plugin_dir == mounts["device-plugins"]
     assert args.pod_resources_socket == mounts["pod-resources"] + "/kubelet.sock"
@@ -331,7 +337,7 @@ def test_plugin_options_default(default_docs: list[Obj]) -> None:
     from share_plugin.cli import build_parser
 
     c = h.container(daemonset(default_docs), "device-plugin")
-    args = build_parser().parse_args(c["args"])
+    args = h.program_args(default_docs, daemonset(default_docs), "device-plugin", build_parser())
     assert (args.backend, args.memory_unit, args.health_check, args.mps, args.device_id_strategy) == (
         "nvml",
         "GiB",
@@ -356,7 +362,7 @@ def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) 
     from share_plugin.cli import build_parser
 
     ds = daemonset(all_docs)
-    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
     dp = all_values["devicePlugin"]
     assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
     assert args.memory_unit == "MiB"
@@ -423,7 +429,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
     dep = deployment(docs)
     ext = h.container(dep, "extender")
     assert ext["command"] == ["share-scheduler"]
-    args = build_parser().parse_args(ext["args"])
+    args = h.program_args(docs, dep, "extender", build_parser())
     assert args.bind_address == "0.0.0.0", "the Service reaches inspect and /metrics on the pod IP"
     port = next(p for p in ext["ports"] if p["name"] == "http")
     assert port["containerPort"] == args.port
@@ -440,7 +446,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
 def test_extender_options_parse(docs: list[Obj]) -> None:
     from share_scheduler.cli import build_parser
 
-    args = build_parser().parse_args(h.container(deployment(docs), "extender")["args"])
+    args = h.program_args(docs, deployment(docs), "extender", build_parser())
     assert args.policy in {"frag", "spread"}
     assert args.memory_unit in {"GiB", "MiB"}
     assert args.log_level in {"INFO", "DEBUG"}
@@ -450,7 +456,7 @@ def test_default_policy_is_frag(default_docs: list[Obj]) -> None:
     """The chart's default placement is frag (docs/policies.md, "Why frag is the default")."""
     from share_scheduler.cli import build_parser
 
-    args = build_parser().parse_args(h.container(deployment(default_docs), "extender")["args"])
+    args = h.program_args(default_docs, deployment(default_docs), "extender", build_parser())
     assert args.policy == "frag"
 
 
@@ -458,8 +464,8 @@ def test_memory_unit_reaches_plugin_and_extender(all_docs: list[Obj]) -> None:
     from share_plugin.cli import build_parser as plugin_parser
     from share_scheduler.cli import build_parser as sched_parser
 
-    plugin = plugin_parser().parse_args(h.container(daemonset(all_docs), "device-plugin")["args"])
-    ext = sched_parser().parse_args(h.container(deployment(all_docs), "extender")["args"])
+    plugin = h.program_args(all_docs, daemonset(all_docs), "device-plugin", plugin_parser())
+    ext = h.program_args(all_docs, deployment(all_docs), "extender", sched_parser())
     assert plugin.memory_unit == ext.memory_unit == "MiB"
     assert ext.policy == "spread" and ext.threads == 16 and ext.port == 23456
 
@@ -659,7 +665,7 @@ def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
     daemon = h.container(ds, "mps-control-daemon")
     assert daemon["command"] == ["nvidia-cuda-mps-control", "-f"]
     env = {e["name"]: e["value"] for e in daemon["env"]}
-    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == args.mps_pipe_dir
     assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare-test/mps/log"
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]
