@@ -103,3 +103,12 @@ def test_a_bad_file_exits_2_like_a_bad_flag(tmp_path: Path, capsys: pytest.Captu
     with pytest.raises(SystemExit):
         parse_args(plugin_parser(), ["--config", str(tmp_path / "missing.yaml")])
     assert "cannot read the configuration file" in capsys.readouterr().err
+
+
+def test_the_field_reference_in_the_docs_is_current() -> None:
+    from hack.config_reference import DOC, render
+
+    doc = DOC.read_text()
+    assert render(doc) == doc, "docs/configuration.md is stale: python -m hack.config_reference --write"
+    for section in ("scheduler", "plugin", "dra"):
+        assert f"### `{section}`" in doc
