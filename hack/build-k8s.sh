@@ -68,28 +68,9 @@ STAMP_FILE="${BIN_DIR}/.stamp"
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd helm)
 STAMP_TEXT="${STAMP} recipe=${RECIPE} $("$GO" env GOVERSION) CGO_ENABLED=0"
 
-is_warm() {
-    [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP_TEXT" ]] || return 1
-    local b
-    for b in "${BINARIES[@]}"; do [[ -x "${BIN_DIR}/${b}" ]] || return 1; done
-}
-
-if is_warm; then
-    log "cache warm: ${BIN_DIR}"
-    echo "$BIN_DIR"
-    exit 0
-fi
-
-mkdir -p "$BIN_DIR"
-# Serialise concurrent callers (e.g. parallel test sessions) on one lock per stamp.
-exec 9>"${BIN_DIR}.lock"
-flock 9
-if is_warm; then
-    log "cache warmed by another build: ${BIN_DIR}"
-    echo "$BIN_DIR"
-    exit 0
-fi
-rm -f "$STAMP_FILE"
+# shellcheck source=hack/cache-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cache-lib.sh"
+use_cache_or_lock
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpushare-build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
