@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
-# gpushare: one image carrying all three programs.
+# gpushare: one image carrying every program.
 #   share-plugin              device plugin (DaemonSet)
+#   share-dra                 DRA kubelet plugin (DaemonSet, mode dra/both)
 #   share-scheduler           scheduler extender (beside kube-scheduler)
+#   share-webhook             admission webhook (Deployment)
 #   kubectl-inspect-gpushare  the inspect view (also usable from a laptop)
 #
 #   docker build -t ghcr.io/gpushare/gpushare:0.1.0 .
@@ -36,6 +38,7 @@ COPY share_plugin/ share_plugin/
 COPY share_dra/ share_dra/
 COPY share_scheduler/ share_scheduler/
 COPY share_inspect/ share_inspect/
+COPY share_webhook/ share_webhook/
 RUN /build/bin/pip wheel --wheel-dir /wheels . \
  && ls /wheels
 

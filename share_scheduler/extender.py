@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from share_core.contract import RESOURCE_MEM, MemoryUnit
-from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_core.request import PodRequest, pod_request
 from share_placement import Demand, Policy, WorkloadTable, fits
 from share_placement import learns as policy_learns
 from share_scheduler.nodes import NodeSnapshot, demand_of
@@ -479,8 +479,3 @@ def best_nodes(scores: Mapping[str, float], random_ties: bool = False) -> list[s
     if random_ties:
         return [name for name, score in scores.items() if score == top]
     return [min(name for name, score in scores.items() if score == top)]
-
-
-def invalid_request_message(pod: Mapping[str, Any], exc: InvalidRequest) -> str:
-    meta = pod.get("metadata") or {}
-    return f"pod {meta.get('namespace', 'default')}/{meta.get('name', '?')}: {exc}"

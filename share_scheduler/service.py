@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from share_core.admission import invalid_request_message
 from share_core.contract import EXTENDER_PREFIX, MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import KubeClient
@@ -32,7 +33,6 @@ from share_scheduler.extender import (
     best_nodes,
     filter_nodes,
     filter_result,
-    invalid_request_message,
     parse_extender_request,
     pod_demand,
     policy_scores,

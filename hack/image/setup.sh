@@ -3,14 +3,14 @@
 # Runs inside that root: as a Dockerfile RUN step (docker build) and under chroot (make image), so
 # both ways give one layout:
 #   /opt/gpushare                 a venv with the gpushare wheel and its dependencies (no pip left)
-#   /usr/local/bin/share-plugin, share-dra, share-scheduler, share-sim, kubectl-inspect-gpushare  -> the venv
+#   /usr/local/bin/share-plugin, share-dra, share-scheduler, share-webhook, share-sim, kubectl-inspect-gpushare  -> the venv
 #   user and group gpushare, 65532:65532 (the chart's scheduler runAsUser), no home, no shell
 #
 # Usage: setup.sh WHEEL_DIR     (every wheel needed is in WHEEL_DIR; nothing is downloaded)
 set -eu
 WHEELS="$1"
 VENV=/opt/gpushare
-SCRIPTS="share-plugin share-dra share-scheduler share-sim kubectl-inspect-gpushare"
+SCRIPTS="share-plugin share-dra share-scheduler share-webhook share-sim kubectl-inspect-gpushare"
 export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 
 python3 -m venv "$VENV"

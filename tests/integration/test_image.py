@@ -17,7 +17,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 def test_gpushare_image_layout():
     images = product_images()
     listing = {e[0]: e for e in layer_listing(images.gpushare.archive)}
-    for script in ("share-plugin", "share-dra", "share-scheduler", "share-sim", "kubectl-inspect-gpushare"):
+    for script in (
+        "share-plugin",
+        "share-dra",
+        "share-scheduler",
+        "share-webhook",
+        "share-sim",
+        "kubectl-inspect-gpushare",
+    ):
         entry = listing[f"usr/local/bin/{script}"]
         assert entry[1] == tarfile.SYMTYPE.decode() and entry[5] == f"/opt/gpushare/bin/{script}"
         assert f"opt/gpushare/bin/{script}" in listing

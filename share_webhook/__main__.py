@@ -1,0 +1,5 @@
+import sys
+
+from share_webhook.cli import main
+
+sys.exit(main())
