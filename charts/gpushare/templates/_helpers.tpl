@@ -228,4 +228,43 @@ plugin:
 dra:
   {{- include "gpushare.config.dra" . | nindent 2 }}
 {{- end }}
+{{- if include "gpushare.webhookOn" . }}
+webhook:
+  {{- include "gpushare.config.webhook" . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- /* The admission webhook (share-webhook): on with the scheduler and webhook.enabled. */}}
+{{- define "gpushare.webhookOn" -}}
+{{- if and (include "gpushare.schedulerOn" .) .Values.webhook.enabled }}true{{ end }}
+{{- end }}
+{{- define "gpushare.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "gpushare.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "gpushare.webhook.secret" -}}
+{{- printf "%s-tls" (include "gpushare.webhook.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- /* CEL (matchConditions): the pod names nvidia.com/gpu-mem in any container's limits or requests,
+     init containers and sidecars included: share_core.admission.asks_gpu_mem, the same test. */}}
+{{- define "gpushare.webhook.asksGpuMem" -}}
+{{- $c := "has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu-mem' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu-mem' in c.resources.requests))" -}}
+object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))
+{{- end }}
+
+{{- define "gpushare.config.webhook" -}}
+{{- $w := .Values.webhook }}
+port: {{ $w.port }}
+schedulerName: gpushare-scheduler
+memoryUnit: {{ .Values.memoryUnit }}
+service: {{ include "gpushare.webhook.fullname" . }}
+certSecret: {{ include "gpushare.webhook.secret" . }}
+{{- if $w.certManager.enabled }}
+tlsCertFile: /etc/gpushare-webhook-tls/tls.crt
+tlsKeyFile: /etc/gpushare-webhook-tls/tls.key
+{{- else }}
+mutatingConfig: {{ include "gpushare.webhook.fullname" . }}
+validatingConfig: {{ include "gpushare.webhook.fullname" . }}
+{{- end }}
+logLevel: {{ upper .Values.logLevel }}
 {{- end }}
