@@ -1,0 +1,281 @@
+"""share-webhook called by the real kube-apiserver over TLS, through the chart's own webhook configurations.
+
+The configurations are the chart's (rendered by the real helm, matchConditions and all), with the Service
+reference replaced by the webhook's loopback URL; the webhook makes its certificate, stores it in its
+Secret and writes the caBundle itself, as in a cluster without cert-manager. Pods are created with the
+built kubectl, so the refusals and warnings are what a user reads at `kubectl apply`. The real controller
+manager turns a Deployment into pods. No kubelet: admission is the whole subject.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, ANN_NODE_GPUS, NODE_LABEL, RESOURCE_MEM, SCHEDULER_NAME
+from tests.controlplane import ControlPlane
+from tests.controlplane.cluster import free_port
+from tests.controlplane.gpucluster import wait_for
+from tests.unit.chart import helm as h
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "gpushare-system"
+OPTED_IN = "everything"
+PLAIN = "apps"
+NAME = "gpushare-webhook"  # the chart's names for release "gpushare"
+SECRET = "gpushare-webhook-tls"
+# What kubectl prints, collected for the closing note and the docs (tests/integration/webhook-outputs.txt).
+PRINTED: dict[str, str] = {}
+
+
+def _configurations(url: str) -> list[dict[str, Any]]:
+    docs = h.render_chart(
+        set_values={"webhook.enabled": True, "webhook.scheduleNamespaces.enabled": True}, kube_version="v1.37.2"
+    )
+    out = []
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        cfg = copy.deepcopy(h.one(docs, kind, NAME))
+        for hook in cfg["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"{url}{path}"}
+        out.append(cfg)
+    return out
+
+
+class Webhook:
+    """share-webhook as a process of this test, restartable."""
+
+    def __init__(self, cp: ControlPlane, port: int, log: Path) -> None:
+        self.cp, self.port, self.log = cp, port, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        argv = [
+            sys.executable, "-m", "share_webhook", f"--kubeconfig={self.cp.admin_kubeconfig}",
+            "--bind-address=127.0.0.1", f"--port={self.port}", f"--namespace={NAMESPACE}",
+            f"--cert-secret={SECRET}", f"--service={NAME}", "--extra-cert-names=127.0.0.1",
+            f"--mutating-config={NAME}", f"--validating-config={NAME}", "--node-refresh-interval=1",
+            "--log-level=DEBUG",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(argv, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Webhook]]:
+    work = tmp_path_factory.mktemp("webhook-plane")
+    cp = ControlPlane(work, k8s_bin_dir, service_accounts=True)
+    cp.start()
+    hook = Webhook(cp, free_port(), work / "share-webhook.log")
+    try:
+        cp.start_controller_manager()
+        for ns in (NAMESPACE, OPTED_IN, PLAIN):
+            cp.kubectl("create", "namespace", ns)
+        cp.kubectl("label", "namespace", OPTED_IN, "gpushare.io/schedule=all")
+        for ns in (OPTED_IN, PLAIN):
+            wait_for(lambda ns=ns: cp.kubectl("-n", ns, "get", "sa", "default", check=False).returncode == 0, 60, "sa")
+        gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "NVIDIA A100-SXM4-80GB", "memory": 80} for i in range(2)]
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": "gpu-node",
+                "labels": {NODE_LABEL: "true"},
+                "annotations": {ANN_NODE_GPUS: json.dumps(gpus)},
+            },
+        }
+        cp.kubectl("apply", "-f", "-", input=json.dumps(node))
+        for cfg in _configurations(f"https://127.0.0.1:{hook.port}"):
+            cp.kubectl("apply", "-f", "-", input=json.dumps(cfg))
+        hook.start()
+        wait_for(lambda: _ca_bundles(cp) and all(_ca_bundles(cp)), 60, "the webhook wrote its caBundle")
+        time.sleep(2)  # the first node list (warnings)
+        yield cp, hook
+    except BaseException:
+        print(hook.log.read_text() if hook.log.exists() else "no webhook log", file=sys.stderr)
+        raise
+    finally:
+        hook.stop()
+        cp.stop()
+
+
+def _ca_bundles(cp: ControlPlane) -> list[str]:
+    out = []
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cfg = json.loads(cp.kubectl("get", kind, NAME, "-o", "json").stdout)
+        out += [w["clientConfig"].get("caBundle", "") for w in cfg["webhooks"]]
+    return out
+
+
+def _failure_policy(cp: ControlPlane, value: str) -> None:
+    patch = json.dumps([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": value}])
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        cp.kubectl("patch", kind, NAME, "--type=json", "-p", patch)
+
+
+def _pod(name: str, mem: Any = 4, scheduler: str | None = None, **annotations: str) -> dict[str, Any]:
+    limits = {RESOURCE_MEM: mem} if mem is not None else {}
+    spec: dict[str, Any] = {"containers": [{"name": "app", "image": "busybox", "resources": {"limits": limits}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations}, "spec": spec}
+
+
+def _apply(cp: ControlPlane, ns: str, obj: dict[str, Any], key: str) -> subprocess.CompletedProcess[str]:
+    result = cp.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj), check=False)
+    PRINTED[key] = (result.stdout + result.stderr).strip()
+    return result
+
+
+def _scheduler(cp: ControlPlane, ns: str, name: str) -> str:
+    return json.loads(cp.kubectl("-n", ns, "get", "pod", name, "-o", "json").stdout)["spec"]["schedulerName"]
+
+
+def test_a_pod_without_a_scheduler_gets_ours(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    assert _apply(cp, PLAIN, _pod("plain"), "no schedulerName").returncode == 0
+    assert _scheduler(cp, PLAIN, "plain") == SCHEDULER_NAME
+    init_only = _pod("init-only", mem=None)
+    init_only["spec"]["initContainers"] = [
+        {"name": "warm", "image": "busybox", "resources": {"limits": {RESOURCE_MEM: 2}}, "restartPolicy": "Always"}
+    ]
+    assert _apply(cp, PLAIN, init_only, "sidecar asks gpu-mem").returncode == 0
+    assert _scheduler(cp, PLAIN, "init-only") == SCHEDULER_NAME
+
+
+def test_a_deployments_pods_get_ours(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    template = _pod("x")
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "infer"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "infer"}},
+            "template": {"metadata": {"labels": {"app": "infer"}}, "spec": template["spec"]},
+        },
+    }
+    assert _apply(cp, PLAIN, deployment, "Deployment").returncode == 0
+
+    def pods() -> list[dict[str, Any]] | None:
+        items = json.loads(cp.kubectl("-n", PLAIN, "get", "pods", "-l", "app=infer", "-o", "json").stdout)["items"]
+        return items if len(items) == 2 else None
+
+    for p in wait_for(pods, 60, "the Deployment's two pods"):
+        assert p["spec"]["schedulerName"] == SCHEDULER_NAME
+
+
+# What the API server's own validation refuses before any validating webhook runs (extended resources must be
+# whole and requests must equal limits: ValidateResourceRequirements); kubectl prints its message, not ours.
+APISERVER = "The Pod"
+WEBHOOK = 'admission webhook "request.gpushare.io" denied the request: gpushare: pod'
+
+
+@pytest.mark.parametrize(
+    ("key", "pod", "source", "reason"),
+    [
+        ("fractional", _pod("frac", "1.5"), APISERVER, "must be an integer"),
+        ("negative", _pod("neg", "-2"), APISERVER, "must be greater than or equal to 0"),
+        ("uneven gpu-count", _pod("uneven", 6, **{ANN_GPU_COUNT: "4"}), WEBHOOK, "must divide evenly by the GPU count"),
+        ("garbage gpu-count", _pod("garbage", 4, **{ANN_GPU_COUNT: "two"}), WEBHOOK, "is not a whole number"),
+        ("zero gpu-count", _pod("zero", 4, **{ANN_GPU_COUNT: "0"}), WEBHOOK, "must be at least 1"),
+    ],
+)
+def test_never_schedulable_is_refused_at_apply(
+    plane: tuple[ControlPlane, Webhook], key: str, pod: dict[str, Any], source: str, reason: str
+) -> None:
+    cp, _ = plane
+    result = _apply(cp, PLAIN, pod, key)
+    assert result.returncode != 0
+    name = pod["metadata"]["name"]
+    assert source in result.stderr and reason in result.stderr, result.stderr
+    if source == WEBHOOK:
+        assert f"pod {PLAIN}/{name}: " in result.stderr
+    assert cp.kubectl("-n", PLAIN, "get", "pod", name, check=False).returncode != 0, "nothing was created"
+
+
+def test_requests_unlike_limits_is_refused(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    pod = _pod("unequal", 4)
+    pod["spec"]["containers"][0]["resources"]["requests"] = {RESOURCE_MEM: 2}
+    result = _apply(cp, PLAIN, pod, "requests != limits")
+    assert result.returncode != 0 and "must be equal to" in result.stderr, result.stderr
+
+
+def test_not_yet_schedulable_is_a_warning(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    big = _apply(cp, PLAIN, _pod("huge", 120), "larger than every GPU")
+    assert big.returncode == 0
+    assert "Warning: pod needs 120 GiB of nvidia.com/gpu-mem on one GPU; the largest healthy GPU" in big.stderr
+    model = _apply(cp, PLAIN, _pod("h100", 4, **{ANN_GPU_MODEL: "H100"}), "model not in the cluster")
+    assert model.returncode == 0 and "Warning: no node has 1 healthy GPU(s) of model h100 today" in model.stderr
+    assert _scheduler(cp, PLAIN, "huge") == SCHEDULER_NAME
+
+
+def test_another_scheduler_is_left_alone_with_a_warning(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    result = _apply(cp, PLAIN, _pod("volcano", 4, scheduler="volcano"), "another scheduler")
+    assert result.returncode == 0 and "Warning: schedulerName 'volcano'" in result.stderr
+    assert _scheduler(cp, PLAIN, "volcano") == "volcano"
+
+
+def test_opted_in_namespaces_give_every_pod_the_policy(plane: tuple[ControlPlane, Webhook]) -> None:
+    cp, _ = plane
+    assert _apply(cp, OPTED_IN, _pod("cpu", None), "CPU-only, opted-in namespace").returncode == 0
+    assert _scheduler(cp, OPTED_IN, "cpu") == SCHEDULER_NAME
+    assert _apply(cp, PLAIN, _pod("cpu", None), "CPU-only elsewhere").returncode == 0
+    assert _scheduler(cp, PLAIN, "cpu") == "default-scheduler"
+
+
+def test_webhook_down_refuses_our_pods_admits_the_rest_and_restarts_on_its_secret(
+    plane: tuple[ControlPlane, Webhook],
+) -> None:
+    cp, hook = plane
+    secret_before = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", SECRET, "-o", "json").stdout)
+    hook.stop()
+    try:
+        refused = _apply(cp, PLAIN, _pod("while-down", 4), "webhook down, failurePolicy Fail")
+        assert refused.returncode != 0
+        assert 'failed calling webhook "scheduler.gpushare.io"' in refused.stderr
+        admitted = _apply(cp, PLAIN, _pod("cpu-while-down", None), "webhook down, a pod without gpu-mem")
+        assert admitted.returncode == 0, "matchConditions keep every other pod away from the webhook"
+        admitted = _apply(cp, OPTED_IN, _pod("cpu-while-down", None), "webhook down, opted-in CPU-only pod")
+        assert admitted.returncode == 0 and _scheduler(cp, OPTED_IN, "cpu-while-down") == "default-scheduler"
+        # failurePolicy Ignore: our pod is admitted unchanged
+        _failure_policy(cp, "Ignore")
+        ignored = _apply(cp, PLAIN, _pod("ignored", 4), "webhook down, failurePolicy Ignore")
+        assert ignored.returncode == 0 and _scheduler(cp, PLAIN, "ignored") == "default-scheduler"
+    finally:
+        _failure_policy(cp, "Fail")
+        hook.start()
+    wait_for(lambda: _apply(cp, PLAIN, _pod("after-restart", 4), "after restart").returncode == 0, 60, "answering")
+    assert _scheduler(cp, PLAIN, "after-restart") == SCHEDULER_NAME
+    secret_after = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", SECRET, "-o", "json").stdout)
+    assert secret_after["metadata"]["resourceVersion"] == secret_before["metadata"]["resourceVersion"]
+    ca = base64.b64decode(secret_after["data"]["ca.crt"]).decode()
+    assert all(base64.b64decode(b).decode() == ca for b in _ca_bundles(cp))
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build" / "webhook-kubectl-outputs.json").write_text(json.dumps(PRINTED, indent=1))
