@@ -23,8 +23,9 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from share_dra.cli import build_parser as dra
     from share_plugin.cli import build_parser as plugin
     from share_scheduler.cli import build_parser as scheduler
+    from share_webhook.cli import build_parser as webhook
 
-    return {"share-scheduler": scheduler(), "share-plugin": plugin(), "share-dra": dra()}
+    return {"share-scheduler": scheduler(), "share-plugin": plugin(), "share-dra": dra(), "share-webhook": webhook()}
 
 
 def _type(action: argparse.Action) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+import yaml
 
 from share_core.contract import (
     DEFAULT_DRA_PLUGIN_DIR,
@@ -72,6 +73,7 @@ def test_dra_mode_installs_the_driver_and_no_extender(dra_docs: list[Obj]) -> No
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "ConfigMap",
             "DaemonSet",
             "DeviceClass",
             "ValidatingAdmissionPolicy",
@@ -80,7 +82,8 @@ def test_dra_mode_installs_the_driver_and_no_extender(dra_docs: list[Obj]) -> No
     ), kinds
     assert h.one(dra_docs, "DaemonSet")["metadata"]["name"] == "gpushare-dra-plugin"
     # no scheduler, no extender configuration, no uninstall hook for the device plugin's annotations
-    assert not {"Deployment", "ConfigMap", "Service", "Job", "Role"} & set(kinds)
+    assert not {"Deployment", "Service", "Job", "Role"} & set(kinds)
+    assert set(yaml.safe_load(h.one(dra_docs, "ConfigMap")["data"]["config.yaml"])) == {"apiVersion", "kind", "dra"}
 
 
 def test_dra_mode_ignores_the_device_plugin_and_scheduler_switches(helm: Any) -> None:
@@ -206,7 +209,8 @@ def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert c["resources"]["limits"]["memory"] == "128Mi"
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 2
-    assert ds["spec"]["template"]["metadata"]["annotations"] == {"example.com/dra": "yes"}
+    annotations = ds["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["example.com/dra"] == "yes" and set(annotations) == {"example.com/dra", "checksum/config"}
     assert ds["spec"]["template"]["metadata"]["labels"]["tier"] == "gpu-dra"
     assert ds["metadata"]["labels"]["team"] == "ml-platform"
 
@@ -333,7 +337,7 @@ def test_slice_writes_are_node_scoped_by_policy(dra_docs: list[Obj]) -> None:
 
 def test_no_rbac_no_policy(helm: Any) -> None:
     docs = render("dra", **{"rbac.create": False, "serviceAccount.create": False})
-    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass"}
+    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass", "ConfigMap"}
 
 
 @pytest.mark.parametrize("mode", ["dra", "both"])

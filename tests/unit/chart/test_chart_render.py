@@ -55,7 +55,7 @@ def daemonset(docs: Iterable[Obj]) -> Obj:
 
 
 def deployment(docs: Iterable[Obj]) -> Obj:
-    return h.one(docs, "Deployment")
+    return h.component(docs, "Deployment", "scheduler")
 
 
 def pod_spec(workload: Obj) -> Obj:
@@ -134,7 +134,9 @@ def test_sim_backend_needs_gpus(helm: Any) -> None:
 
 def test_components_can_be_turned_off(helm: Any) -> None:
     only_plugin = h.render_chart(set_values={"scheduler.enabled": False})
-    assert not h.objects(only_plugin, "Deployment") and not h.objects(only_plugin, "ConfigMap")
+    assert not h.objects(only_plugin, "Deployment")
+    assert [c["metadata"]["name"] for c in h.objects(only_plugin, "ConfigMap")] == ["gpushare-config"]
+    assert "scheduler" not in yaml.safe_load(h.one(only_plugin, "ConfigMap")["data"]["config.yaml"])
     assert h.objects(only_plugin, "DaemonSet")
     only_sched = h.render_chart(set_values={"devicePlugin.enabled": False})
     assert not h.objects(only_sched, "DaemonSet")
@@ -248,7 +250,8 @@ def test_every_binding_names_a_service_account_of_the_chart(docs: list[Obj]) -> 
             assert (s["namespace"], s["name"]) in accounts, d["metadata"]["name"]
         ref = d["roleRef"]["name"]
         assert ref in roles or ref.startswith(("system:", "extension-apiserver-")) or d["kind"] == "RoleBinding"
-    users = {pod_spec(w)["serviceAccountName"] for w in (daemonset(docs), deployment(docs))}
+    workloads = [*h.objects(docs, "DaemonSet"), *h.objects(docs, "Deployment")]
+    users = {pod_spec(w)["serviceAccountName"] for w in workloads}
     assert users == {name for _, name in accounts}
 
 
@@ -435,7 +438,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
     assert port["containerPort"] == args.port
     ext_cfg = h.scheduler_config(docs)["extenders"][0]
     assert ext_cfg["urlPrefix"] == f"http://127.0.0.1:{args.port}/gpushare-scheduler"
-    svc = h.one(docs, "Service")
+    svc = h.component(docs, "Service", "scheduler")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
@@ -561,9 +564,11 @@ def test_filter_keeps_decides_prioritize(default_docs: list[Obj], all_docs: list
     assert "prioritizeVerb" not in best and "weight" not in best  # one HTTP call per scheduling cycle
     fitting = h.scheduler_config(all_docs)["extenders"][0]
     assert (fitting["prioritizeVerb"], fitting["weight"]) == ("prioritize", 200)
+    from share_scheduler.cli import build_parser
+
     for docs, keeps, events in ((default_docs, "best", "failures"), (all_docs, "fitting", "all")):
-        args = next(c for c in pod_spec(deployment(docs))["containers"] if c["name"] == "extender")["args"]
-        assert f"--filter-keeps={keeps}" in args and f"--bind-events={events}" in args
+        args = h.program_args(docs, deployment(docs), "extender", build_parser())
+        assert (args.filter_keeps, args.bind_events) == (keeps, events)
 
 
 def test_chart_config_equals_scheduler_configuration_function(default_docs: list[Obj]) -> None:
@@ -617,7 +622,7 @@ def test_service_monitor_only_when_enabled_and_served(helm: Any) -> None:
 
 def test_service_monitor_all_options(all_docs: list[Obj]) -> None:
     sm = h.one(all_docs, "ServiceMonitor")
-    svc = h.one(all_docs, "Service")
+    svc = h.component(all_docs, "Service", "scheduler")
     assert sm["metadata"]["labels"]["release"] == "prometheus"
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert svc["spec"]["type"] == "NodePort" and svc["spec"]["ports"][0]["port"] == 8080
@@ -625,7 +630,12 @@ def test_service_monitor_all_options(all_docs: list[Obj]) -> None:
 
 @both
 def test_every_object_is_labelled_and_namespaced(docs: list[Obj]) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
     for d in docs:
         labels = d["metadata"]["labels"]
         assert labels["app.kubernetes.io/part-of"] == "gpushare"

@@ -1,0 +1,99 @@
+"""charts/gpushare's admission webhook: off by default; on, only our pods reach it, its settings parse as
+share-webhook parses them, its RBAC names only its own objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from tests.unit.chart import helm as h
+
+Obj = dict[str, Any]
+ON = {"webhook.enabled": True}
+
+
+def test_off_by_default(helm: Any) -> None:
+    docs = h.render_chart()
+    assert not h.objects(docs, "MutatingWebhookConfiguration") and not h.objects(docs, "ValidatingWebhookConfiguration")
+    assert "webhook" not in yaml.safe_load(h.one(docs, "ConfigMap", "gpushare-config")["data"]["config.yaml"])
+
+
+def test_on_two_replicas_a_pdb_and_a_service(helm: Any) -> None:
+    from share_webhook.cli import build_parser
+
+    docs = h.render_chart(set_values=ON)
+    dep = h.component(docs, "Deployment", "webhook")
+    assert dep["spec"]["replicas"] == 2
+    assert h.component(docs, "PodDisruptionBudget", "webhook")["spec"]["maxUnavailable"] == 1
+    svc = h.component(docs, "Service", "webhook")
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]
+    args = h.program_args(docs, dep, "webhook", build_parser())
+    assert (args.port, args.service, args.cert_secret) == (9443, "gpushare-webhook", "gpushare-webhook-tls")
+    assert args.mutating_config == args.validating_config == "gpushare-webhook" and not args.tls_cert_file
+    c = h.container(dep, "webhook")
+    assert c["ports"][0]["containerPort"] == args.port
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True, "the certificate goes to the /tmp emptyDir"
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in c["env"]
+
+
+def test_only_pods_asking_gpu_mem_reach_it_failing_closed(helm: Any) -> None:
+    docs = h.render_chart(set_values=ON)
+    mutating = h.one(docs, "MutatingWebhookConfiguration")
+    validating = h.one(docs, "ValidatingWebhookConfiguration")
+    assert [w["name"] for w in mutating["webhooks"]] == ["scheduler.gpushare.io"]
+    for hook, path in ((mutating["webhooks"][0], "/mutate"), (validating["webhooks"][0], "/validate")):
+        assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+        assert hook["clientConfig"]["service"] == {"name": "gpushare-webhook", "namespace": "gpushare-system",
+                                                   "port": 443, "path": path}  # fmt: skip
+        assert hook["rules"] == [
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+             "scope": "Namespaced"}
+        ]  # fmt: skip
+        (cond,) = hook["matchConditions"]
+        assert "'nvidia.com/gpu-mem' in c.resources.limits" in cond["expression"]
+        assert "object.spec.initContainers.exists" in cond["expression"]
+    ignore = h.render_chart(set_values={**ON, "webhook.failurePolicy": "Ignore"})
+    assert h.one(ignore, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Ignore"
+
+
+def test_opted_in_namespaces_fail_open(helm: Any) -> None:
+    docs = h.render_chart(set_values={**ON, "webhook.scheduleNamespaces.enabled": True})
+    hooks = h.one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    ns = hooks[1]
+    assert ns["name"] == "namespace-scheduler.gpushare.io" and ns["failurePolicy"] == "Ignore"
+    assert ns["namespaceSelector"] == {"matchLabels": {"gpushare.io/schedule": "all"}}
+    assert ns["clientConfig"]["service"]["path"] == "/mutate-all"
+    assert ns["matchConditions"][0]["expression"].startswith("!(")
+
+
+def test_rbac_names_only_its_own_objects(helm: Any) -> None:
+    docs = h.render_chart(set_values=ON)
+    rules = h.one(docs, "ClusterRole", "gpushare-webhook")["rules"]
+    assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]} in rules
+    configs = next(r for r in rules if r["apiGroups"] == ["admissionregistration.k8s.io"])
+    assert configs["resourceNames"] == ["gpushare-webhook"] and configs["verbs"] == ["get", "patch"]
+    role = h.one(docs, "Role", "gpushare-webhook")["rules"]
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpushare-webhook-tls"],
+            "verbs": ["get", "update"]} in role  # fmt: skip
+
+
+def test_cert_manager_owns_the_certificate_when_asked(helm: Any) -> None:
+    from share_webhook.cli import build_parser
+
+    docs = h.render_chart(set_values={**ON, "webhook.certManager.enabled": True})
+    cert = h.one(docs, "Certificate")
+    assert cert["spec"]["secretName"] == "gpushare-webhook-tls"
+    assert "gpushare-webhook.gpushare-system.svc" in cert["spec"]["dnsNames"]
+    assert cert["spec"]["issuerRef"] == {"name": "gpushare-webhook", "kind": "Issuer"} and h.one(docs, "Issuer")
+    inject = "gpushare-system/gpushare-webhook"
+    assert (
+        h.one(docs, "MutatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        == inject
+    )
+    dep = h.component(docs, "Deployment", "webhook")
+    args = h.program_args(docs, dep, "webhook", build_parser())
+    assert args.tls_cert_file == "/etc/gpushare-webhook-tls/tls.crt" and not args.mutating_config
+    assert not h.objects(docs, "Role") or all(
+        r["metadata"]["name"] != "gpushare-webhook" for r in h.objects(docs, "Role")
+    )
