@@ -124,6 +124,11 @@ class GpuFacts:
     mig: bool  # a MIG instance: NVIDIA does not support limits on MIG handles
 
 
+def gpu_facts(gpus: Iterable[Any]) -> tuple[GpuFacts, ...]:
+    """The probe's view of the backend's GPUs (share_node.backend.Gpu: a MIG instance has a parent)."""
+    return tuple(GpuFacts(g.uuid, bool(g.parent_uuid)) for g in gpus)
+
+
 @dataclass(frozen=True, slots=True)
 class Facts:
     """What the probe learned of the node before it tries a limit for real."""

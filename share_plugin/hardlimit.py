@@ -27,14 +27,14 @@ from collections.abc import Callable, Sequence
 
 from share_core.contract import ANN_NODE_HARD_LIMIT, HARD_LIMIT_OFF, MemoryUnit
 from share_core.kube import KubeClient, KubeError, now_rfc3339
-from share_node.backend import Gpu, GpuBackend
+from share_node.backend import GpuBackend
 from share_node.hardlimit import (
-    GpuFacts,
     HardLimiter,
     HardLimitError,
     Limits,
     Support,
     check_required,
+    gpu_facts,
     pod_gpu_limits,
     probe,
 )
@@ -46,10 +46,6 @@ AGENT = "share-plugin"
 
 # The allocator's pod_of_devices: device IDs -> (pod uid or "", namespace, name), or None.
 PodOfDevices = Callable[[Sequence[str]], "tuple[str, str, str] | None"]
-
-
-def gpu_facts(gpus: Sequence[Gpu]) -> tuple[GpuFacts, ...]:
-    return tuple(GpuFacts(g.uuid, bool(g.parent_uuid)) for g in gpus)
 
 
 class PluginHardLimit:
