@@ -68,6 +68,7 @@ class SimMemoryLimits:
         accept_cgroup_v1: bool = False,
         euid: Callable[[], int] = os.geteuid,
         proc_root: str = "/proc",
+        fstype: Callable[[str], str] = cgroup_fstype,
     ) -> None:
         self.state_file = Path(state_file)
         self.version = driver_version
@@ -76,6 +77,7 @@ class SimMemoryLimits:
         self.accept_cgroup_v1 = accept_cgroup_v1
         self.euid = euid
         self.proc_root = Path(proc_root)
+        self.fstype = fstype
 
     def available(self) -> bool:
         return True  # the library has the symbols; an old driver answers NOT_SUPPORTED (below)
@@ -120,8 +122,10 @@ class SimMemoryLimits:
         if not os.path.isabs(cgroup):
             raise LimitError(LimitErrorCode.INVALID_ARGUMENT, f"{cgroup!r} is not a full sysfs cgroup path")
         if not os.path.isdir(cgroup):
+            with self._state():
+                pass  # the removed cgroup's limits go now
             raise LimitError(LimitErrorCode.NOT_FOUND, f"no cgroup {cgroup}")
-        fstype = cgroup_fstype(cgroup)
+        fstype = self.fstype(cgroup)
         if fstype != "cgroup2" and not (self.accept_cgroup_v1 and fstype == "cgroup"):
             raise LimitError(LimitErrorCode.INVALID_ARGUMENT, f"{cgroup} is on {fstype or 'no cgroup'}, not cgroup v2")
 
@@ -163,7 +167,7 @@ class SimMemoryLimits:
         """What the simulated processes in `cgroup` (or below) hold on the GPU."""
         if self.readings is None:
             return 0
-        root = _mount_relative(cgroup)
+        root = _mount_relative(cgroup) if self.fstype is cgroup_fstype else cgroup
         total = 0
         for r in self.readings():
             if r.uuid != gpu_uuid:
