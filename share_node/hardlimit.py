@@ -324,7 +324,9 @@ def probe(
         symbol=mode != HARD_LIMIT_OFF and limits.available(),
         driver=driver,
         cgroup_root=cgroup_root,
-        cgroup_v2=fstype(cgroup_root) == "cgroup2",
+        # the NVML stand-in may be told to take cgroup v1 paths (test machines run v1); NVIDIA's driver never does
+        cgroup_v2=fstype(cgroup_root) == "cgroup2"
+        or (bool(getattr(limits, "accept_cgroup_v1", False)) and fstype(cgroup_root) == "cgroup"),
         gpus=tuple(gpus),
     )
     if static_problem(facts) is not None:
