@@ -93,6 +93,22 @@ def container_ids(pod: dict[str, Any]) -> set[str]:
     }
 
 
+def released(hard: RealGpuNode, who: str) -> str:
+    """How the plugin let a deleted pod's limit go: "cleared" (by the plugin, the pod's processes all gone and its
+    cgroup still there) or "removed" (kubelet removed the cgroup first, which clears its limits, NVIDIA says):
+    the device plugin API has no hook at pod removal, so which comes first is kubelet's timing."""
+
+    def seen() -> str | None:
+        log = plugin_log(hard)
+        if f"pod {who}: hard GPU memory limit cleared" in log:
+            return "cleared"
+        if f"pod {who}: its cgroup is gone, and the driver cleared its limits with it" in log:
+            return "removed"
+        return None
+
+    return wait_for(seen, 30, f"the plugin to let {who}'s limit go")
+
+
 def plugin_log(hard: RealGpuNode) -> str:
     assert hard.plugin is not None
     return hard.plugin.log_path.read_text(errors="replace").rsplit("### ", 1)[-1]
@@ -132,14 +148,15 @@ def test_hard_limit_cleared_when_the_pod_is_deleted(hard: Any, hns: str) -> None
     t0 = time.monotonic()
     delete_pods(cluster, hns)
     wait_for(lambda: not limits_of(hard, uid), 60, f"the limit of {hns}/gone to go")
+    how = released(hard, f"{hns}/gone")
     ops = [e["op"] for e in journal_of(hard, uid)]
-    # Cleared by the plugin while the cgroup still existed (the pod's processes had all exited), before
-    # kubelet removed the cgroup: soft 0 and hard max, NVIDIA's way to clear.
-    assert ops[:2] == ["set", "clear"], ops
-    clear = next(e for e in journal_of(hard, uid) if e["op"] == "clear")
-    assert clear["procs"] == 0 and clear["hard"] == 2**64 - 1
-    assert f"pod {hns}/gone: hard GPU memory limit cleared" in plugin_log(hard)
-    print(f"limit cleared {time.monotonic() - t0:.1f}s after the delete was sent")
+    assert ops[0] == "set" and set(ops[1:]) <= {"clear", "removed-with-cgroup"}, ops
+    if how == "cleared":
+        # Cleared by the plugin while the cgroup still existed, once every process of the pod had exited:
+        # soft 0 and hard max, NVIDIA's way to clear.
+        clear = next(e for e in journal_of(hard, uid) if e["op"] == "clear")
+        assert clear["procs"] == 0 and clear["hard"] == 2**64 - 1
+    print(f"limit gone {time.monotonic() - t0:.1f}s after the delete was sent: {how}")
 
 
 def test_hard_limit_plugin_restart_finds_and_keeps_the_limits(hard: Any, hns: str) -> None:
@@ -157,7 +174,7 @@ def test_hard_limit_plugin_restart_finds_and_keeps_the_limits(hard: Any, hns: st
     # The new process owns it: deleting the pod clears it.
     delete_pods(cluster, hns)
     wait_for(lambda: not limits_of(hard, uid), 60, f"the limit of {hns}/stays to go")
-    assert f"pod {hns}/stays: hard GPU memory limit cleared" in plugin_log(hard)
+    print(f"after the restart, {hns}/stays's limit went: {released(hard, f'{hns}/stays')}")
 
 
 def test_hard_limit_unsupported_node_falls_back_and_says_so(hard: Any, hns: str) -> None:
