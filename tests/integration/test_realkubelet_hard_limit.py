@@ -27,6 +27,7 @@ from share_node.hardlimit import pod_uid_of_dir
 from tests.controlplane.gpucluster import GpuCluster, wait_for
 from tests.controlplane.realgpunode import RealGpuNode, delete_pods
 from tests.node import RealNode
+from tests.node.host import hard_limit_cgroup_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.realkubelet]
 
@@ -34,18 +35,10 @@ SIM_GPUS = "2xT4:16GiB"
 GIB = 1024**3
 
 
-def cgroup_root_for(node: RealNode) -> tuple[str, list[str]]:
-    """The node's own cgroup tree in the cgroup v2 (hybrid) hierarchy if kubelet's pods land there, else v1."""
-    v2 = Path("/sys/fs/cgroup/unified") / node.cgroup_root
-    if (v2 / "kubepods").is_dir():
-        return str(v2), []
-    return str(Path("/sys/fs/cgroup/memory") / node.cgroup_root), ["--sim-accept-cgroup-v1"]
-
-
 @pytest.fixture(scope="module")
 def hard(gpu_cluster: GpuCluster, real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     state = tmp_path_factory.mktemp("hardlimit") / "limits.json"
-    root, extra = cgroup_root_for(real_node)
+    root, extra = hard_limit_cgroup_tree(real_node.cgroup_root)
     node = RealGpuNode(gpu_cluster, real_node, SIM_GPUS)
     node.hard_args = [  # type: ignore[attr-defined]
         "--hard-limit",

@@ -385,3 +385,38 @@ def test_hard_limit_set_at_pre_start_before_the_container(tmp_path: Path) -> Non
     finally:
         plugin.stop()
         kubelet.stop()
+
+
+def test_hard_limit_metrics_and_usage_annotation_from_the_driver(tmp_path: Path) -> None:
+    """The monitor asks the driver for each limited pod's currentUsed; /metrics shows it with the limit, and
+    whether the node enforces hard limits at all."""
+    from prometheus_client import generate_latest
+
+    from share_plugin.metrics import registry_for
+    from share_plugin.monitor import Monitor, ProcFs
+
+    kube = FakeKube()
+    kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": {"capacity": {}}})
+    backend = SimBackend("1xT4:16GiB", NODE)
+    uuid0 = backend.gpus()[0].uuid
+    limiter, nvml, root = limiter_on(tmp_path, (uuid0,))
+    pod = assigned(make_pod("p", [("a", 4)]), [uuid0], 4)
+    pod["spec"]["nodeName"] = NODE
+    kube.add_pod(pod)
+    uid = pod["metadata"]["uid"]
+    path = pod_cgroup(root, uid)
+    limiter.limit_pod(uid, "default/p", {uuid0: 4 * GIB})
+    nvml.readings = lambda: [GpuReading(0, uuid0, 16 * GIB, GIB, (GpuProcess(uuid0, 77, GIB),))]
+    proc = tmp_path / "proc"
+    (proc / "77").mkdir(parents=True)
+    (proc / "77" / "cgroup").write_text(f"0::{path}/abc\n")
+    nvml.proc_root = proc
+    hard = PluginHardLimit(NODE, kube, backend, MemoryUnit.GiB, limiter.support, limiter)
+    monitor = Monitor(NODE, backend, kube, MemoryUnit.GiB, proc=ProcFs(str(proc)), hard_limit=hard)
+    usage = monitor.poll_once()
+    assert usage.driver_pods == {("default", "p"): {0: (GIB, 4 * GIB)}}
+    text = generate_latest(registry_for(monitor)).decode()
+    assert f'gpushare_hard_limit_enforced{{mode="auto",node="{NODE}"}} 1.0' in text
+    labels = f'gpu="0",namespace="default",node="{NODE}",pod="p",uuid="{uuid0}"'
+    assert f"gpushare_pod_gpu_memory_hard_limit_bytes{{{labels}}} 4.294967296e+09" in text
+    assert f"gpushare_pod_gpu_memory_driver_used_bytes{{{labels}}} 1.073741824e+09" in text
