@@ -24,7 +24,9 @@ def setup(mode: str, args: argparse.Namespace, node: str, backend: GpuBackend) -
     limits = open_memory_limits(args, backend, node)
     support = probe(limits, mode, args.cgroup_root, gpu_facts(backend.gpus()), agent="dra")
     check_required(support)
-    return support, (HardLimiter(limits, support, args.cgroup_root, node) if support.enforced else None)
+    if not support.enforced:
+        return support, None
+    return support, HardLimiter(limits, support, args.cgroup_root, node, clear_when_empty=False)
 
 
 def publish(support: Support, node: str, kube: KubeClient) -> None:

@@ -396,8 +396,14 @@ class AdoptReport:
 class HardLimiter:
     """Sets, finds and clears the limits on pod cgroups; remembers which it holds (rebuilt by `adopt`)."""
 
-    def __init__(self, limits: MemoryLimits, support: Support, cgroup_root: str, node: str) -> None:
+    def __init__(
+        self, limits: MemoryLimits, support: Support, cgroup_root: str, node: str, clear_when_empty: bool = True
+    ) -> None:
         self.limits = limits
+        # the device plugin has no hook at pod removal: it clears a limit when the pod's cgroup empties (a new
+        # sandbox's containers get theirs again at PreStartContainer). share-dra clears at
+        # NodeUnprepareResources only: its hook (NodePrepareResources) does not come again for a new sandbox.
+        self.clear_when_empty = clear_when_empty
         self.support = support
         self.root = Path(cgroup_root)
         self.node = node
@@ -483,9 +489,9 @@ class HardLimiter:
         return True
 
     def sweep(self) -> list[str]:
-        """Local and cheap (no API call): forget pods whose cgroup is gone, and clear the limits of pods whose
-        cgroup emptied after it held processes (every container and the sandbox exited: the pod is being
-        removed, and kubelet removes its cgroup next, in cleanupOrphanedPodCgroups)."""
+        """Local and cheap (no API call): forget pods whose cgroup is gone, and (`clear_when_empty`) clear the
+        limits of pods whose cgroup emptied after it held processes (every container and the sandbox exited: the
+        pod is being removed, and kubelet removes its cgroup next, in cleanupOrphanedPodCgroups)."""
         released = []
         for uid, entry in self.pods().items():
             if not entry.cgroup.is_dir():
@@ -501,7 +507,11 @@ class HardLimiter:
             populated = cgroup_populated(entry.cgroup)
             if populated:
                 entry.populated_seen = True
-            elif entry.populated_seen and self.release_pod(uid, "every process of the pod exited"):
+            elif (
+                self.clear_when_empty
+                and entry.populated_seen
+                and self.release_pod(uid, "every process of the pod exited")
+            ):
                 released.append(uid)
         return released
 

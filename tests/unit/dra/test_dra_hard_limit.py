@@ -33,7 +33,7 @@ def setup(tmp_path: Path) -> tuple[Driver, SimMemoryLimits, Path, FakeDraApi]:
     cgroup.mkdir(parents=True)
     nvml = SimMemoryLimits(str(tmp_path / "limits.json"), euid=lambda: 0, fstype=lambda _p: "cgroup2")
     facts = Facts("auto", True, "615.1", str(root), True, tuple(GpuFacts(g.uuid, False) for g in GPUS))
-    limiter = HardLimiter(nvml, decide_support(facts, None), str(root), "n1")
+    limiter = HardLimiter(nvml, decide_support(facts, None), str(root), "n1", clear_when_empty=False)
     driver = Driver(
         "n1",
         lambda: GPUS,
@@ -86,3 +86,16 @@ def test_dra_hard_limit_missing_cgroup_fails_the_claim_for_kubelet_to_retry(tmp_
     cgroup.rmdir()
     out = driver.prepare([ClaimRef("ns", "uid-1", "c1")])
     assert isinstance(out["uid-1"], str) and f"pod{POD}" in out["uid-1"]
+
+
+def test_dra_hard_limit_survives_an_empty_pod_cgroup(tmp_path: Path) -> None:
+    """A new sandbox empties the pod's cgroup for a moment; kubelet does not prepare the claims again, so share-dra
+    keeps the limit until NodeUnprepareResources."""
+    driver, nvml, cgroup, _api = setup(tmp_path)
+    driver.prepare([ClaimRef("ns", "uid-1", "c1")])
+    assert driver.limiter is not None
+    (cgroup / "cgroup.procs").write_text("99\n")
+    driver.limiter.sweep()
+    (cgroup / "cgroup.procs").write_text("")
+    assert driver.limiter.sweep() == []
+    assert nvml.get("GPU-bbbb", str(cgroup)).hard == 8 * GIB
