@@ -31,6 +31,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY share_core/ share_core/
 COPY share_node/ share_node/
+COPY share_placement/ share_placement/
 COPY share_plugin/ share_plugin/
 COPY share_dra/ share_dra/
 COPY share_scheduler/ share_scheduler/

@@ -42,7 +42,7 @@ image-deps:
 image: venv k8s-bins image-deps
 	PYTHON=$(abspath $(PY)) hack/build-image.sh >/dev/null
 
-LINT_PATHS := share_core share_node share_plugin share_dra share_scheduler share_inspect tests bench hack samples
+LINT_PATHS := share_core share_node share_placement share_plugin share_dra share_scheduler share_inspect tests bench hack samples
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINT_PATHS)

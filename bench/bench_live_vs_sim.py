@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from share_scheduler.placement import POLICIES  # noqa: E402
+from share_placement import POLICIES  # noqa: E402
 from share_scheduler.sim.workload import load_openb  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane  # noqa: E402

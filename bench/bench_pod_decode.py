@@ -43,7 +43,7 @@ from share_core.assignment import Assignment  # noqa: E402
 from share_core.contract import RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient  # noqa: E402
 from share_core.request import InvalidRequest, pod_request  # noqa: E402
-from share_scheduler.cache import pod_record  # noqa: E402
+from share_scheduler.nodes import pod_record  # noqa: E402
 from tests.controlplane.barenodes import gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane  # noqa: E402

@@ -11,7 +11,7 @@ updated, so the cluster changes as it would. Reported per policy:
 - new size: a request of a size never seen before, on the warmed-up cluster;
 - learned new: a request of another new size that the policy observed first, as the extender's informer
   sees a pending pod before filter asks about it: for `frag` a new class table, and its LP gap prices
-  solved (`share_scheduler/patterns.py`), within that first pass;
+  solved (`share_placement/patterns.py`), within that first pass;
 - bind: choose() on the chosen node, mean microseconds;
 - p99 cpu: the p99 pod's scoring pass in CPU time of the scoring thread (the worst pod, as p99 is over
   fewer than 100 pods), for comparisons on a machine other jobs share.
@@ -31,7 +31,7 @@ import random
 import statistics
 import time
 
-from share_scheduler.placement import POLICIES, Demand, GpuSlot, NodeState, make_policy
+from share_placement import POLICIES, Demand, GpuSlot, NodeState, make_policy
 from share_scheduler.syncer import settle_gc
 
 SIZES = (4, 8, 10, 16, 20, 40, 80)

@@ -31,6 +31,8 @@ its kube-scheduler calls it through a loopback TimingProxy, and ours runs once m
 proxy, so `bind@proxy`/`filter@proxy` are the same extender-side measure for both; p50/p99 remain
 create-to-bound as the watch sees it. With --ready it is ready once /version answers, and the time until
 its cache holds every running pod is printed too (it may serve before its pod informer has synced).
+
+One piece: one benchmark script, its scenarios sharing one control plane and one report.
 """
 
 from __future__ import annotations

@@ -61,13 +61,15 @@ at Q 0.5: 3.988 against 4.281, lower on every seed (Q 0.25 / 1 / 0: 3.950 / 3.95
 4.018; GPU i alone, not the node's other GPUs, 4.007); held out, seeds 10-19: 3.945 against 4.266,
 lower on every seed (Q 0.25: 3.959). `gpushare=100` seeds 0-1: 11.70 against 11.80; `gpuspec=33`
 seeds 0-4: 11.06 against 10.95, worse on every seed (a model-aware K_h changes nothing there, nor does
-a tenth of the weight on the host part). Now in `frag` (`_Pricer.host_gap`, docs/simulator.md `frag`
+a tenth of the weight on the host part). Now in `frag` (`Pricer.host_gap`, docs/simulator.md `frag`
 item 7), with CPU-only and whole-GPU pods also charged for the gaps they strand (`host_strand`), which
 won `gpuspec=33` back (10.86) and gives 3.927 on seeds 0-9; this prototype stays as it was measured.
 
-`--lp`: the product's own solver of that LP (`share_scheduler/patterns.py`, pure Python, exact) on the
+`--lp`: the product's own solver of that LP (`share_placement/patterns.py`, pure Python, exact) on the
 trace's learned share sizes: its solve time, pivots and optimum, and its prices against HiGHS's (when
 scipy is installed). `frag` solves it once per learned table, on first use.
+
+One piece: one experiment script; its bounds share the arrivals, the LP and the report.
 """
 
 from __future__ import annotations
@@ -79,15 +81,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from share_scheduler.placement import (
+from share_placement import (
     Demand,
     FragPolicy,
     NodeView,
-    _model_allowed,
     eligible_positions,
     fragmentation_units,
     shift_aggregates,
 )
+from share_placement.model import model_allowed
 from share_scheduler.sim import variants
 from share_scheduler.sim.engine import arrivals_until
 from share_scheduler.sim.workload import Workload, load_openb
@@ -362,7 +364,7 @@ class PatternCommit:
     Targets live per GPU (`target`), with `count[p]` GPUs currently targeted at pattern p."""
 
     def __init__(self, counts: Mapping[int, int], capacity: int, mode: str = "basis") -> None:
-        from share_scheduler.patterns import solve_packing_lp
+        from share_placement.patterns import solve_packing_lp
 
         lp = solve_packing_lp(counts, capacity)
         sizes = sorted(s for s, n in counts.items() if 0 < s <= capacity and n > 0)
@@ -474,7 +476,7 @@ def host_gap_loss(
                 pods = [
                     p
                     for p in shares
-                    if p.per_gpu == s and (not models or not p.models or _model_allowed(p.models, model))
+                    if p.per_gpu == s and (not models or not p.models or model_allowed(p.models, model))
                 ]
                 if not pods:
                     continue
@@ -684,7 +686,7 @@ def lp_timing(workload: Workload, runs: int = 20) -> None:
     import statistics
     import time
 
-    from share_scheduler.patterns import GapPrices, solve_packing_lp
+    from share_placement.patterns import GapPrices, solve_packing_lp
 
     unit = variants.gpu_unit(workload)
     counts = Counter(p.per_gpu for p in workload.pods if p.count == 1 and 0 < p.per_gpu < unit)

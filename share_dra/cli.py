@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from share_core.config import add_config_arg, parse_args
 from share_core.contract import (
     DEFAULT_CDI_DIR,
     DEFAULT_CDI_SPEC_DIRS,
@@ -34,6 +35,7 @@ log = logging.getLogger("share_dra")
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="share-dra", description=f"DRA kubelet plugin for driver {DRA_DRIVER_NAME}")
+    add_config_arg(p)
     p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
     p.add_argument(
@@ -85,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

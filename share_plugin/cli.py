@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 
+from share_core.config import add_config_arg, parse_args
 from share_core.contract import (
     ANN_NODE_GPUS,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -32,6 +33,7 @@ log = logging.getLogger("share_plugin")
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="share-plugin", description=f"kubelet device plugin advertising {RESOURCE_MEM}")
+    add_config_arg(p)
     p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
     p.add_argument("--device-plugin-dir", default=env("DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR))
@@ -107,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )

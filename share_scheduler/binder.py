@@ -30,9 +30,10 @@ from share_core.contract import EVENT_BIND_FAILED, EVENT_GPU_ASSIGNED, MemoryUni
 from share_core.events import EventQueue
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound, Unavailable
 from share_core.request import InvalidRequest, PodRequest
-from share_scheduler.cache import ClusterCache, Contribution, demand_of
+from share_placement import Demand, Policy
+from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import BadRequest, pod_demand, unfit_reason
-from share_scheduler.placement import Demand, Policy
+from share_scheduler.nodes import Contribution, demand_of
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from share_core.config import add_config_arg, parse_args
 from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
+from share_placement import POLICIES
 from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.config import DEFAULT_EXTENDER_URL, print_config
 from share_scheduler.extender import FILTER_KEEPS
-from share_scheduler.placement import POLICIES
 
 log = logging.getLogger("share_scheduler")
 
@@ -25,6 +26,7 @@ def serve(a: argparse.Namespace) -> None:
     from share_core.kube import ApiServerClient
     from share_scheduler.app import MAX_BODY, create_app
     from share_scheduler.server import ExtenderServer
+    from share_scheduler.service import Extender
 
     # One kept-open connection per serving thread (each bind is one API call), plus the two watches.
     kube = ApiServerClient.from_kubeconfig(
@@ -39,7 +41,7 @@ def serve(a: argparse.Namespace) -> None:
         a.bind_address,
         a.port,
     )
-    app = create_app(
+    extender = Extender(
         kube,
         policy=a.policy,
         unit=MemoryUnit.parse(a.memory_unit),
@@ -47,19 +49,21 @@ def serve(a: argparse.Namespace) -> None:
         filter_keeps=a.filter_keeps,
         bind_events=a.bind_events,
     )
+    app = create_app(extender=extender)
     try:
         server = ExtenderServer(
             app, app.extensions["gpushare"]["verbs"], a.bind_address, a.port, threads=a.threads, max_body=MAX_BODY
         )
     except OSError as exc:
-        app.extensions["gpushare"]["syncer"].stop()
+        extender.stop()
         raise SystemExit(f"share-scheduler: cannot listen on {a.bind_address}:{a.port}: {exc}") from exc
     server.serve_forever()
-    app.extensions["gpushare"]["syncer"].stop()
+    extender.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="share-scheduler", description="gpushare kube-scheduler extender")
+    add_config_arg(parser)
     sub = parser.add_subparsers(dest="command")
 
     def serve_flags(p: argparse.ArgumentParser, with_defaults: bool) -> None:
@@ -113,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the extender (the default command)")
     serve_flags(serve, with_defaults=False)
+    serve.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="as before the command")
     cfg = sub.add_parser("print-config", help="print a KubeSchedulerConfiguration that uses this extender")
     cfg.add_argument("--extender-url", default=DEFAULT_EXTENDER_URL, help="extender URL prefix (default %(default)s)")
     cfg.add_argument("--kubeconfig", default=None, help="kubeconfig for kube-scheduler's clientConnection")
@@ -130,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.command == "print-config":
         sys.stdout.write(
             print_config(

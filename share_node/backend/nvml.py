@@ -85,16 +85,7 @@ class NvmlBackend:
             uuid = _text(nv.nvmlDeviceGetUUID(h))
             handles[uuid] = h
             if not self._mig_enabled(h):
-                out.append(
-                    Gpu(
-                        index=len(out),
-                        uuid=uuid,
-                        model=_text(nv.nvmlDeviceGetName(h)),
-                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
-                        minor=minor,
-                        device=str(i),
-                    )
-                )
+                out.append(self._gpu(h, len(out), uuid, minor, str(i)))
                 continue
             for j in range(int(nv.nvmlDeviceGetMaxMigDeviceCount(h))):
                 try:
@@ -103,18 +94,21 @@ class NvmlBackend:
                     continue  # NVML_ERROR_NOT_FOUND: no MIG device in this slot
                 mig_uuid = _text(nv.nvmlDeviceGetUUID(mh))
                 handles[mig_uuid] = mh
-                out.append(
-                    Gpu(
-                        index=len(out),
-                        uuid=mig_uuid,
-                        model=_text(nv.nvmlDeviceGetName(mh)),
-                        memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(mh).total),
-                        minor=minor,
-                        device=f"{i}:{j}",
-                        parent_uuid=uuid,
-                    )
-                )
+                out.append(self._gpu(mh, len(out), mig_uuid, minor, f"{i}:{j}", parent_uuid=uuid))
         return out, handles
+
+    def _gpu(self, handle: Any, index: int, uuid: str, minor: int, device: str, parent_uuid: str = "") -> Gpu:
+        """One offered GPU (a whole GPU, or a MIG instance of `parent_uuid`) as NVML describes its handle."""
+        nv = self._nvml
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            model=_text(nv.nvmlDeviceGetName(handle)),
+            memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(handle).total),
+            minor=minor,
+            device=device,
+            parent_uuid=parent_uuid,
+        )
 
     def _mig_enabled(self, handle: Any) -> bool:
         nv = self._nvml

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
-from share_scheduler import placement
+import share_placement as placement
 from share_scheduler.sim import variants
 from share_scheduler.sim.engine import CURVE_STEP, THRESHOLDS, VIEWS, SeedResult, run_policy
 from share_scheduler.sim.workload import Workload, WorkloadError, load_openb, load_yaml

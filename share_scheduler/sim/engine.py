@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from share_scheduler import placement
-from share_scheduler.placement import Demand, NodeView, Policy
+import share_placement as placement
+from share_placement import Demand, NodeView, Policy
 from share_scheduler.sim.workload import Workload
 
 THRESHOLDS = (90, 95, 100, 130)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from share_scheduler.placement import Demand
+from share_placement import Demand
 
 MILLI = 1000  # units per GPU in the openb trace
 

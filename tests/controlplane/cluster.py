@@ -8,6 +8,9 @@ on only for a control plane made with `service_accounts=True`, whose controller 
 the default service accounts and publishes kube-root-ca.crt (pods then get projected tokens).
 Everything listens on 127.0.0.1 only, every process is ended by its own PID, and anything that fails to come up raises
 with its log tail (never skips).
+
+One piece: the processes share one lifecycle, one certificate set and one log-tail-on-failure path; split,
+each half would reach into the other's state.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
+import share_placement as placement
 from share_core.contract import ANN_GPU_COUNT, ANN_NODE_GPUS, RESOURCE_MEM
-from share_scheduler import placement
-from share_scheduler.placement import Policy
+from share_placement import Policy
 from share_scheduler.sim.engine import ExtenderView, SeedResult, build_policy, simulate
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload
 

@@ -326,12 +326,20 @@ def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
 
     pods = _poll(rolled, 240, "every release pod replaced and ready, none left terminating", c)
     TIMINGS["helm_upgrade"] = time.monotonic() - t0
+    # The new settings reached the programs through the configuration ConfigMap (--config), and its
+    # checksum rolled the pods above.
     for p in pods:
         for ctr in p["spec"]["containers"]:
             if ctr["name"] in ("device-plugin", "extender"):
-                assert "--log-level=DEBUG" in ctr["args"], ctr["args"]
-            if ctr["name"] == "extender":
-                assert "--policy=spread" in ctr["args"]
+                assert "--config=/etc/gpushare/config.yaml" in ctr["args"], ctr["args"]
+    configs = [
+        yaml.safe_load(cm["data"]["config.yaml"])
+        for cm in c.get("configmap", "-n", NAMESPACE)["items"]
+        if "config.yaml" in (cm.get("data") or {})
+    ]
+    assert len(configs) == 1, configs
+    assert configs[0]["plugin"]["logLevel"] == configs[0]["scheduler"]["logLevel"] == "DEBUG"
+    assert configs[0]["scheduler"]["policy"] == "spread"
     _poll(lambda: _node_gpu_mem(c) == GPU_MEM_UNITS, 120, "the new plugin registered", c)
     # The samples kept their GPUs; a new pod is still placed by the new scheduler and gets its env.
     pod = _adapt(next(d for d in _sample_docs() if d["metadata"]["name"] == "gpushare-pod"), node_images().busybox.ref)

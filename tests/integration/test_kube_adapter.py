@@ -11,7 +11,7 @@ from share_core.assignment import pod_is_finished
 from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unavailable
 from share_core.request import pod_request
-from share_scheduler.cache import pod_record
+from share_scheduler.nodes import pod_record
 from tests.controlplane import ControlPlane
 from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac
 from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE

@@ -4,6 +4,8 @@ pkg/kubelet/cm/devicemanager (manager.go, pod_devices.go, plugin/v1beta1/{server
 Each method names the upstream function it mirrors. What is left out: NUMA alignment (no topology manager
 policy: every device is "noAffinity"; NUMA nodes are only recorded and reported), DRA-backed extended
 resources, CDI/mounts/device nodes (only env is kept), more than one resource, ResourceHealthStatus.
+
+One piece: it mirrors one upstream package function for function, so a reader can hold both side by side.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The kubelet stand-in: pod manager, admission, pod worker, restart and the API-server-driven loop, mirroring
 k8s.io/kubernetes v1.36.3 pkg/kubelet (kubelet.go, kubelet_pods.go, allocation/allocation_manager.go,
-lifecycle/predicate.go, cm/topologymanager/scope.go, kuberuntime). See tests/kubelet/__init__.py."""
+lifecycle/predicate.go, cm/topologymanager/scope.go, kuberuntime). See tests/kubelet/__init__.py.
+
+One piece: it mirrors one upstream loop (admission, pod worker, restart) whose steps share state as they
+do in kubelet.go.
+"""
 
 from __future__ import annotations
 

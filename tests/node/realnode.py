@@ -31,6 +31,8 @@ Layout (everything under `workdir`, nothing in the host's /var/lib/kubelet or /r
 `stop()` ends everything by PID: kubelet, the containers (their tasks), containerd, shims started
 for our containerd socket, any process left in our cgroups or our mount namespace, then the
 holder; deletes our bridge, removes our cgroups and the runtime state. It is idempotent and safe after a failed start.
+
+One piece: one node's lifecycle (holder namespace, containerd, kubelet, teardown by PID) in start-up order.
 """
 
 from __future__ import annotations

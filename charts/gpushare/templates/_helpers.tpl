@@ -139,3 +139,104 @@ app.kubernetes.io/component: {{ .component }}
 {{- fail (printf "mode=%s on Kubernetes %s: GPU sharing through DRA needs the DRAConsumableCapacity feature gate (off by default before 1.36). Turn it on for kube-apiserver and kube-scheduler (--feature-gates=DRAConsumableCapacity=true), then set dra.consumableCapacityGate=true; or upgrade to 1.36+." .Values.mode $v) }}
 {{- end }}
 {{- end }}
+
+{{- /*
+The programs' configuration file (share_core/config.py: apiVersion gpushare.io/v1, kind Configuration):
+one section per program, each field a long flag in camelCase. Rendered into the ConfigMap
+<fullname>-config and read with --config; extraArgs still go on the command line and win over it.
+*/}}
+{{- define "gpushare.configPath" -}}/etc/gpushare/config.yaml{{- end }}
+
+{{- define "gpushare.config.scheduler" -}}
+{{- $s := .Values.scheduler }}
+# All addresses: kube-scheduler calls 127.0.0.1, the Service reaches inspect and /metrics on the pod IP.
+bindAddress: 0.0.0.0
+port: {{ $s.port }}
+policy: {{ $s.policy }}
+filterKeeps: {{ $s.filterKeeps }}
+bindEvents: {{ $s.bindEvents }}
+threads: {{ $s.threads }}
+memoryUnit: {{ .Values.memoryUnit }}
+logLevel: {{ upper .Values.logLevel }}
+{{- end }}
+
+{{- define "gpushare.config.plugin" -}}
+{{- $dp := .Values.devicePlugin }}
+{{- $root := trimSuffix "/" $dp.kubeletRootDir }}
+{{- $dpdir := trimSuffix "/" (default (printf "%s/device-plugins" $root) $dp.devicePluginDir) }}
+{{- $mon := $dp.monitor }}
+{{- $mps := trimSuffix "/" $dp.mpsRoot }}
+backend: {{ $dp.backend }}
+{{- if eq $dp.backend "sim" }}
+simGpus: {{ $dp.simGpus | quote }}
+{{- end }}
+memoryUnit: {{ .Values.memoryUnit }}
+devicePluginDir: {{ $dpdir }}
+podResourcesSocket: {{ $root }}/pod-resources/kubelet.sock
+deviceIdStrategy: {{ $dp.deviceIdStrategy }}
+deviceListStrategy: {{ $dp.deviceListStrategy }}
+{{- /* an unquoted `off` in values.yaml is YAML's false */}}
+{{- $hl := ternary "off" (toString $dp.hardLimit) (eq (toString $dp.hardLimit) "false") }}
+hardLimit: {{ $hl | quote }}
+{{- if ne $hl "off" }}
+cgroupRoot: {{ trimSuffix "/" $dp.cgroupRoot }}
+{{- end }}
+healthCheck: {{ $dp.healthCheck }}
+{{- if $dp.mps }}
+mps: true
+mpsPipeDir: {{ $mps }}/pipe
+mpsShmDir: {{ $mps }}/shm
+{{- end }}
+{{- if $mon.enabled }}
+monitorInterval: {{ $mon.interval }}
+metricsPort: {{ $mon.metricsPort }}
+overLimit: {{ $mon.overLimit }}
+overLimitGrace: {{ $mon.overLimitGrace }}
+usageAnnotationInterval: {{ $mon.usageAnnotationInterval }}
+{{- else }}
+monitorInterval: 0
+{{- end }}
+logLevel: {{ upper .Values.logLevel }}
+{{- end }}
+
+{{- define "gpushare.config.dra" -}}
+{{- $d := .Values.dra }}
+{{- $root := trimSuffix "/" $d.kubeletRootDir }}
+{{- $specDirs := list }}
+{{- range $d.nvidiaCdiSpecDirs }}{{ $specDirs = append $specDirs (trimSuffix "/" .) }}{{ end }}
+backend: {{ $d.backend }}
+{{- if eq $d.backend "sim" }}
+simGpus: {{ $d.simGpus | quote }}
+{{- end }}
+pluginsRegistryDir: {{ $root }}/plugins_registry
+pluginDir: {{ $root }}/plugins/gpushare.io
+cdiDir: {{ trimSuffix "/" $d.cdiDir }}
+cdiSpecDirs: {{ join "," $specDirs | quote }}
+memoryUnit: {{ .Values.memoryUnit }}
+deviceIdStrategy: {{ $d.deviceIdStrategy }}
+healthCheck: {{ $d.healthCheck }}
+unhealthy: {{ $d.unhealthy }}
+{{- $hl := ternary "off" (toString $d.hardLimit) (eq (toString $d.hardLimit) "false") }}
+hardLimit: {{ $hl | quote }}
+{{- if ne $hl "off" }}
+cgroupRoot: {{ trimSuffix "/" $d.cgroupRoot }}
+{{- end }}
+logLevel: {{ upper .Values.logLevel }}
+{{- end }}
+
+{{- define "gpushare.config" -}}
+apiVersion: gpushare.io/v1
+kind: Configuration
+{{- if include "gpushare.schedulerOn" . }}
+scheduler:
+  {{- include "gpushare.config.scheduler" . | nindent 2 }}
+{{- end }}
+{{- if include "gpushare.devicePluginOn" . }}
+plugin:
+  {{- include "gpushare.config.plugin" . | nindent 2 }}
+{{- end }}
+{{- if include "gpushare.draOn" . }}
+dra:
+  {{- include "gpushare.config.dra" . | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -185,3 +185,31 @@ def cluster_role_rules(docs: Iterable[Obj], name_of_component: str) -> list[Obj]
     if len(roles) != 1:
         raise LookupError(f"expected one ClusterRole of component {name_of_component}, found {len(roles)}")
     return roles[0]["rules"]
+
+
+def program_args(docs: Iterable[Obj], workload: Obj, container_name: str, parser: Any) -> Any:
+    """A container's settings as its program resolves them: the chart's configuration ConfigMap, as the
+    container mounts it, read through `--config` (share_core.config), then the container's own args.
+
+    The ConfigMap must be the one the container's mount names, at the path its `--config` gives: a
+    chart that mounted another (or none) fails here, not on a node."""
+    import tempfile
+
+    from share_core.config import parse_args
+
+    c = container(workload, container_name)
+    args = list(c.get("args") or [])
+    given = [a for a in args if a.startswith("--config=")]
+    assert len(given) == 1, f"{container_name}: exactly one --config=, got {args}"
+    path = given[0].split("=", 1)[1]
+    mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts") or []}
+    volume_name = mounts[os.path.dirname(path)]
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    cm_name = volumes[volume_name]["configMap"]["name"]
+    data = one(docs, "ConfigMap", cm_name)["data"][os.path.basename(path)]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(data)
+    try:
+        return parse_args(parser, [f"--config={f.name}" if a == given[0] else a for a in args])
+    finally:
+        os.unlink(f.name)

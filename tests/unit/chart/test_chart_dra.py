@@ -4,6 +4,7 @@ plugin, and the clear refusals on clusters that cannot run DRA sharing."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -151,12 +152,15 @@ def test_dra_daemonset_mounts_sockets_and_cdi(dra_docs: list[Obj]) -> None:
     assert mounts["cdi"] == host["cdi"] == "/var/run/cdi"
     assert mounts["nvidia-cdi-0"] == host["nvidia-cdi-0"] == "/etc/cdi", "NVIDIA's spec, read only"
     assert "nvidia-cdi-1" not in mounts, "/var/run/cdi is mounted already (read-write)"
-    args = share_dra_args(c["args"])
+    args = share_dra_args(dra_docs, ds)
     assert args.plugin_dir == DEFAULT_DRA_PLUGIN_DIR and args.plugins_registry_dir == DEFAULT_PLUGINS_REGISTRY_DIR
     assert args.cdi_dir == "/var/run/cdi" and args.cdi_spec_dirs == "/etc/cdi,/var/run/cdi"
     assert (args.backend, args.memory_unit, args.device_id_strategy) == ("nvml", "GiB", "uuid")
     assert args.health_check is True and args.unhealthy == "withdraw" and args.log_level == "INFO"
-    assert not any(a.startswith("--sim-gpus") for a in c["args"])
+    assert (
+        args.sim_gpus != "2xA100:80GiB"
+        and "simGpus" not in h.one(dra_docs, "ConfigMap", "gpushare-config")["data"]["config.yaml"]
+    )
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     probe = c["livenessProbe"]["exec"]["command"]
@@ -172,16 +176,19 @@ def test_dra_daemonset_mounts_sockets_and_cdi(dra_docs: list[Obj]) -> None:
 
 def test_dra_hard_limit_off_adds_no_capability(helm: Any) -> None:
     docs = h.render_chart(set_values={"mode": "dra", "dra.hardLimit": "off"}, kube_version="v1.36.3")
-    c = h.container(h.one(docs, "DaemonSet"), "dra-plugin")
-    assert "--hard-limit=off" in c["args"] and "cgroup" not in {m["name"] for m in c["volumeMounts"]}
+    ds = h.one(docs, "DaemonSet")
+    c = h.container(ds, "dra-plugin")
+    assert share_dra_args(docs, ds).hard_limit == "off"
+    assert "cgroup" not in {m["name"] for m in c["volumeMounts"]}
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
-def share_dra_args(argv: list[str]) -> Any:
-    """The chart's args as share-dra itself parses them: a flag it does not know fails here."""
+def share_dra_args(docs: list[Obj], ds: Obj) -> Any:
+    """The chart's settings (its ConfigMap and args) as share-dra itself reads them: a field or flag it
+    does not know fails here."""
     from share_dra.cli import build_parser
 
-    return build_parser().parse_args(argv)
+    return h.program_args(docs, ds, "dra-plugin", build_parser())
 
 
 def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
@@ -190,7 +197,9 @@ def test_dra_daemonset_all_options(both_all_docs: list[Obj]) -> None:
     c = h.container(ds, "dra-plugin")
     assert c["image"] == "registry.example.com/gpushare/gpushare:0.1.0-test" and c["imagePullPolicy"] == "Always"
     assert c["args"][-1] == "--some-flag=1"
-    args = share_dra_args(c["args"][:-1])
+    without_extra = copy.deepcopy(ds)  # the flag is not share-dra's: parse the rest
+    h.container(without_extra, "dra-plugin")["args"] = c["args"][:-1]
+    args = share_dra_args(both_all_docs, without_extra)
     assert (args.backend, args.sim_gpus) == ("sim", "2xA100:80GiB")
     assert args.plugins_registry_dir == "/var/lib/k0s/kubelet/plugins_registry"
     assert args.plugin_dir == "/var/lib/k0s/kubelet/plugins/gpushare.io"

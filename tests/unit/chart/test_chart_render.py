@@ -1,4 +1,8 @@
-"""charts/gpushare rendered by the real helm: lint, schema, and the facts each object must keep."""
+"""charts/gpushare rendered by the real helm: lint, schema, and the facts each object must keep.
+
+One piece: every test reads the module's few helm renderings (module-scoped fixtures; each render costs
+seconds of helm).
+"""
 
 from __future__ import annotations
 
@@ -305,9 +309,11 @@ def test_daemonset_security_context_is_tight(default_docs: list[Obj], all_docs: 
 @pytest.mark.parametrize("off", ["off", False], ids=["quoted", "yaml-false"])
 def test_hard_limit_off_adds_no_capability_and_no_cgroup_mount(helm: Any, off: object) -> None:
     docs = h.render_chart(set_values={"devicePlugin.hardLimit": off}, kube_version=KUBE_VERSION)
+    from share_plugin.cli import build_parser
+
     ds = daemonset(docs)
     c = h.container(ds, "device-plugin")
-    assert "--hard-limit=off" in c["args"] and not any(a.startswith("--cgroup-root") for a in c["args"])
+    assert h.program_args(docs, ds, "device-plugin", build_parser()).hard_limit == "off"
     assert "cgroup" not in {v["name"] for v in pod_spec(ds)["volumes"]}
     _tight(c["securityContext"], {"drop": ["ALL"]})
 
@@ -316,7 +322,7 @@ def test_hard_limit_args_reach_share_plugin(all_docs: list[Obj], default_docs: l
     from share_plugin.cli import build_parser
 
     for docs, mode, root in ((default_docs, "auto", "/sys/fs/cgroup"), (all_docs, "cgroup", "/sys/fs/cgroup/unified")):
-        args = build_parser().parse_args(h.container(daemonset(docs), "device-plugin")["args"])
+        args = h.program_args(docs, daemonset(docs), "device-plugin", build_parser())
         assert (args.hard_limit, args.cgroup_root) == (mode, root)
 
 
@@ -325,7 +331,9 @@ def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
     ds = daemonset(docs)
     assert not pod_spec(ds).get("hostPID")
     c = h.container(ds, "device-plugin")
-    assert "--monitor-interval=0" in c["args"] and "ports" not in c
+    from share_plugin.cli import build_parser
+
+    assert h.program_args(docs, ds, "device-plugin", build_parser()).monitor_interval == 0 and "ports" not in c
 
 
 def _tight(sc: Obj, caps: Obj) -> None:
@@ -345,7 +353,7 @@ def test_plugin_args_are_accepted_by_share_plugin(docs: list[Obj]) -> None:
     ds = daemonset(docs)
     c = h.container(ds, "device-plugin")
     assert c["command"] == ["share-plugin"]
-    args = build_parser().parse_args(c["args"])
+    args = h.program_args(docs, ds, "device-plugin", build_parser())
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert args.device_plugin_dir == mounts["device-plugins"]
     assert args.pod_resources_socket == mounts["pod-resources"] + "/kubelet.sock"
@@ -355,7 +363,7 @@ def test_plugin_options_default(default_docs: list[Obj]) -> None:
     from share_plugin.cli import build_parser
 
     c = h.container(daemonset(default_docs), "device-plugin")
-    args = build_parser().parse_args(c["args"])
+    args = h.program_args(default_docs, daemonset(default_docs), "device-plugin", build_parser())
     assert (args.backend, args.memory_unit, args.health_check, args.mps, args.device_id_strategy) == (
         "nvml",
         "GiB",
@@ -380,7 +388,7 @@ def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) 
     from share_plugin.cli import build_parser
 
     ds = daemonset(all_docs)
-    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
     dp = all_values["devicePlugin"]
     assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
     assert args.memory_unit == "MiB"
@@ -447,7 +455,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
     dep = deployment(docs)
     ext = h.container(dep, "extender")
     assert ext["command"] == ["share-scheduler"]
-    args = build_parser().parse_args(ext["args"])
+    args = h.program_args(docs, dep, "extender", build_parser())
     assert args.bind_address == "0.0.0.0", "the Service reaches inspect and /metrics on the pod IP"
     port = next(p for p in ext["ports"] if p["name"] == "http")
     assert port["containerPort"] == args.port
@@ -464,7 +472,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
 def test_extender_options_parse(docs: list[Obj]) -> None:
     from share_scheduler.cli import build_parser
 
-    args = build_parser().parse_args(h.container(deployment(docs), "extender")["args"])
+    args = h.program_args(docs, deployment(docs), "extender", build_parser())
     assert args.policy in {"frag", "spread"}
     assert args.memory_unit in {"GiB", "MiB"}
     assert args.log_level in {"INFO", "DEBUG"}
@@ -474,7 +482,7 @@ def test_default_policy_is_frag(default_docs: list[Obj]) -> None:
     """The chart's default placement is frag (docs/policies.md, "Why frag is the default")."""
     from share_scheduler.cli import build_parser
 
-    args = build_parser().parse_args(h.container(deployment(default_docs), "extender")["args"])
+    args = h.program_args(default_docs, deployment(default_docs), "extender", build_parser())
     assert args.policy == "frag"
 
 
@@ -482,8 +490,8 @@ def test_memory_unit_reaches_plugin_and_extender(all_docs: list[Obj]) -> None:
     from share_plugin.cli import build_parser as plugin_parser
     from share_scheduler.cli import build_parser as sched_parser
 
-    plugin = plugin_parser().parse_args(h.container(daemonset(all_docs), "device-plugin")["args"])
-    ext = sched_parser().parse_args(h.container(deployment(all_docs), "extender")["args"])
+    plugin = h.program_args(all_docs, daemonset(all_docs), "device-plugin", plugin_parser())
+    ext = h.program_args(all_docs, deployment(all_docs), "extender", sched_parser())
     assert plugin.memory_unit == ext.memory_unit == "MiB"
     assert ext.policy == "spread" and ext.threads == 16 and ext.port == 23456
 
@@ -683,7 +691,7 @@ def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
     daemon = h.container(ds, "mps-control-daemon")
     assert daemon["command"] == ["nvidia-cuda-mps-control", "-f"]
     env = {e["name"]: e["value"] for e in daemon["env"]}
-    args = build_parser().parse_args(h.container(ds, "device-plugin")["args"])
+    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == args.mps_pipe_dir
     assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare-test/mps/log"
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]

@@ -29,7 +29,7 @@ from share_core.assignment import Assignment, pod_is_finished
 from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Gone, binding_json
 from share_core.request import InvalidRequest, pod_request
-from share_scheduler.cache import pod_record
+from share_scheduler.nodes import pod_record
 from tests.unit.core.streamserver import StreamServer, serving, watcher
 
 ROOT = Path(__file__).resolve().parents[3]

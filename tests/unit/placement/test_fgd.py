@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from share_scheduler.placement import Demand, FgdPolicy, GpuSlot, NodeState, TypicalPods, fgd_fragmentation, make_policy
+from share_placement import Demand, FgdPolicy, GpuSlot, NodeState, TypicalPods, fgd_fragmentation, make_policy
 
 Key = tuple[int, int, tuple[str, ...], int]
 

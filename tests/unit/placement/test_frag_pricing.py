@@ -1,7 +1,7 @@
 """frag's exact pricing: the incremental paths equal a recount, and decide as the float formula does.
 
 `fragmentation_units` is the definition (integers: pods observed instead of probabilities). Every
-faster path (`_Pricer.delta`, `delta_one`, `prefix_of`, the policy's single- and multi-GPU fast paths
+faster path (`Pricer.delta`, `delta_one`, `prefix_of`, the policy's single- and multi-GPU fast paths
 without CPU) must give exactly the same integer, so the same decisions. The integer definition must
 agree with the probability-weighted float formula (`float_fragmentation` below) up to rounding, and
 choose the same node on random clusters. Without CPU information (the extender's case) that float
@@ -18,20 +18,20 @@ from fractions import Fraction
 
 import pytest
 
-from share_scheduler.patterns import GapPrices
-from share_scheduler.placement import (
+from share_placement import (
     Demand,
     FragPolicy,
     GpuView,
     WorkloadTable,
-    _best_fit,
-    _Pricer,
     eligible_positions,
     fill_ratio,
     fragmentation,
     fragmentation_units,
     group_aggregates,
 )
+from share_placement.binpack import best_fit
+from share_placement.frag_pricing import Pricer
+from share_placement.patterns import GapPrices
 
 MODELS = ("T4", "V100", "A100")
 
@@ -122,7 +122,7 @@ def test_incremental_prices_equal_the_recount_exactly():
     for _ in range(3000):
         unit = rng.choice((80, 1000))
         t = WorkloadTable.from_counts(random_table(rng, unit, cpu=False))
-        pricer = _Pricer(t, wa, wb)
+        pricer = Pricer(t, wa, wb)
         gpus = random_gpus(rng, unit)
         total = sum(f for _, f in gpus)
         before = fragmentation_units(total, group_aggregates(gpus, t), None, t, wa, wb)
@@ -263,7 +263,7 @@ def reference_evaluate(policy: FragPolicy, view, demand: Demand, observed: list[
             if all(gpus[c[0]] != gpus[i] for c in candidates):
                 candidates.append((i,))
     else:
-        candidates = [_best_fit(view, elig, demand.count)]
+        candidates = [best_fit(view, elig, demand.count)]
     best = None
     for chosen in candidates:
         after = list(gpus)
@@ -381,7 +381,7 @@ def test_the_pods_that_fill_a_node_share_its_cpu():
 @pytest.mark.parametrize("seed", range(4))
 def test_shared_state_tables_decide_exactly_as_a_recount(seed):
     """The extender's case at scale: many nodes priced through the tables shared by nodes with the same
-    room counts (`_Pricer.node_sig`, `room_prefix`, `gpu_info`), sizes new and seen, single- and
+    room counts (`Pricer.node_sig`, `room_prefix`, `gpu_info`), sizes new and seen, single- and
     multi-GPU, nodes of one model and of several, then a table rebuilt with the same keys (the nodes'
     signatures carried over) and with new keys: every answer is the recount's."""
     rng = random.Random(100 + seed)
@@ -479,7 +479,7 @@ def test_without_the_gap_weight_frag_is_frag_alone():
 
 def test_before_any_pod_is_seen_frag_places_as_binpack():
     """docs/policies.md: with nothing learned, frag is best fit (GPU, then node), as binpack is."""
-    from share_scheduler.placement import GpuSlot, NodeState, best_node, make_policy
+    from share_placement import GpuSlot, NodeState, best_node, make_policy
 
     rng = random.Random(9)
     nodes = [

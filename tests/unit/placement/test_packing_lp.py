@@ -1,4 +1,4 @@
-"""share_scheduler/patterns.py: the pure-Python bin-packing LP equals scipy's HiGHS, and its prices are
+"""share_placement/patterns.py: the pure-Python bin-packing LP equals scipy's HiGHS, and its prices are
 optimal duals (every pattern priced at most one GPU, dual objective = primal), so they bound every
 packing (weak duality), and `GapPrices.loss` is what docs/policies.md says."""
 
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 
-from share_scheduler.patterns import GapPrices, best_pattern, solve_packing_lp
+from share_placement.patterns import GapPrices, best_pattern, solve_packing_lp
 from tests.unit.sim.test_packing_bound import ROOT, _best_allocation, bound
 
 OPENB = ROOT.parent / "shared" / "data" / "openb"

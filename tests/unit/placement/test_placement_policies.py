@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from share_scheduler import placement
-from share_scheduler.placement import (
+import share_placement as placement
+from share_placement import (
     BestFitPolicy,
     BinpackPolicy,
     Demand,
@@ -285,7 +285,7 @@ def test_score_and_choose_are_evaluate(name):
 
 def test_per_group_sums_update_exactly_when_one_gpu_changes():
     # frag prices each candidate GPU by updating per-group sums instead of recounting the node.
-    from share_scheduler.placement import fragmentation_from, group_aggregates, shift_aggregates
+    from share_placement import fragmentation_from, group_aggregates, shift_aggregates
 
     t = WorkloadTable.from_counts(
         {(470, 1, (), 8000): 3.0, (1000, 2, (), 16000): 1.0, (810, 1, ("t4",), 4000): 2.0, (160, 1, (), 0): 1.0}

@@ -346,7 +346,7 @@ def test_binding_timeout_unknown_outcome_keeps_assumption(kube, extender_factory
 def test_assumed_pod_expires_after_ttl(kube, extender_factory):
     kube.add_node(make_node("node-a", [16]))
     ext = extender_factory(assume_ttl=0.2).wait_ready()
-    from share_scheduler.cache import Contribution
+    from share_scheduler.nodes import Contribution
 
     ext.cache.assume("default/ghost", "uid-x", Contribution("node-a", (0,), 8))
     assert ext.cache.usage()["node-a"] == {0: 8}
@@ -474,7 +474,7 @@ def test_policy_observes_every_pod(kube, extender_factory):
         name = "recorder"
 
         def choose(self, node, demand):
-            from share_scheduler.placement import BinpackPolicy
+            from share_placement import BinpackPolicy
 
             return BinpackPolicy().choose(node, demand)
 

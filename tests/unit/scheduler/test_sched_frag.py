@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from share_core.contract import ANN_GPU_INDEX, ANN_GPU_MEM
-from share_scheduler.placement import make_policy
+from share_placement import make_policy
 from tests.unit.scheduler.conftest import bind_args, filter_args, make_node, make_pod, wait_until
 
 

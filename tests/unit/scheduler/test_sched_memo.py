@@ -8,9 +8,10 @@ import pytest
 
 from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
 from share_core.gpus import GpuInfo
-from share_scheduler.cache import ClusterCache, Contribution
+from share_placement import Demand, make_policy
+from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import ScoreMemo, filter_nodes, prioritize
-from share_scheduler.placement import Demand, make_policy
+from share_scheduler.nodes import Contribution
 from tests.unit.scheduler.conftest import filter_args, make_node, make_pod
 
 
@@ -199,7 +200,8 @@ def test_best_node_index_answers_as_scoring_every_node_does(short_logs, monkeypa
     import threading
 
     from share_scheduler import cache as cache_module
-    from share_scheduler.extender import BestNodeIndex, _StateGroups, best_nodes, policy_scores
+    from share_scheduler.bestnodes import BestNodeIndex, _StateGroups
+    from share_scheduler.extender import best_nodes, policy_scores
 
     if short_logs:
         monkeypatch.setattr(cache_module, "CHANGE_LOG_LIMIT", 12)

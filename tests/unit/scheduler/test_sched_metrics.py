@@ -8,8 +8,9 @@ import random
 from prometheus_client.parser import text_string_to_metric_families
 
 from share_core.contract import ANN_NODE_GPUS
-from share_scheduler.app import GpuGauges
-from share_scheduler.cache import ClusterCache, Contribution
+from share_scheduler.cache import ClusterCache
+from share_scheduler.metrics import GpuGauges
+from share_scheduler.nodes import Contribution
 from tests.unit.scheduler.conftest import make_node
 
 

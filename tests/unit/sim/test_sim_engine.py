@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from share_scheduler import placement
-from share_scheduler.placement import BinpackPolicy, Demand, GpuSlot, NodeState, node_view
+import share_placement as placement
+from share_placement import BinpackPolicy, Demand, GpuSlot, NodeState, node_view
 from share_scheduler.sim import cli, engine
 from share_scheduler.sim.engine import build_policy, run_policy, simulate
 from share_scheduler.sim.workload import (

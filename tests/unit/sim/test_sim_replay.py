@@ -3,7 +3,7 @@ live-versus-simulated test (which replays the same arrivals through the cluster)
 
 from __future__ import annotations
 
-from share_scheduler.placement import make_policy
+from share_placement import make_policy
 from share_scheduler.sim.engine import simulate
 from share_scheduler.sim.workload import SimNode, SimPod, Workload
 

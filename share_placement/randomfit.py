@@ -1,0 +1,33 @@
+"""A uniformly random fit: the baseline every other policy should beat."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from share_placement.model import (
+    Demand,
+    Evaluation,
+    NodeView,
+    ViewPolicy,
+    eligible_positions,
+)
+
+
+class RandomPolicy(ViewPolicy):
+    """Random fit: a uniformly random score for every node that fits, random GPUs on it (a baseline)."""
+
+    name = "random"
+    cacheable = False
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
+            return None
+        with self._lock:
+            chosen = tuple(sorted(self._rng.sample(elig, demand.count)))
+            return self._rng.random(), chosen

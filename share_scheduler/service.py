@@ -1,0 +1,212 @@
+"""The extender itself: filter, prioritize and bind as methods of one object over the cache, the policy
+and the binder. Request body in, (HTTP status, JSON-able body) out: no HTTP here, so tests and benches
+call the verbs directly, and `share_scheduler.app` only routes to them.
+
+Status codes: kube-scheduler treats any status but 200 as a failed call and throws the body away, so
+a request it could have sent (a well-formed ExtenderArgs for a pod we cannot place) is answered 200
+with `Error` set — that message reaches the pod's FailedScheduling event. A body kube-scheduler would
+never send (not JSON, missing or mistyped fields) is answered 400, still with a JSON `Error`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from share_core.contract import EXTENDER_PREFIX, MemoryUnit
+from share_core.events import EventQueue
+from share_core.kube import KubeClient
+from share_core.request import InvalidRequest, PodRequest
+from share_core.retry import Backoff
+from share_placement import Policy, learns, make_policy
+from share_scheduler.bestnodes import BestNodeIndex
+from share_scheduler.binder import BIND_EVENTS, Binder, BindError, parse_bind_args
+from share_scheduler.cache import ClusterCache
+from share_scheduler.extender import (
+    FILTER_KEEPS,
+    BadRequest,
+    ScoreMemo,
+    best_nodes,
+    filter_nodes,
+    filter_result,
+    invalid_request_message,
+    parse_extender_request,
+    pod_demand,
+    policy_scores,
+    prioritize,
+)
+from share_scheduler.metrics import Metrics
+from share_scheduler.nodes import demand_of
+from share_scheduler.syncer import Syncer
+
+# A verb as the servers call it: raw request body in, (status, JSON bytes) out, its latency recorded.
+TimedVerb = Callable[[bytes], tuple[int, bytes]]
+NOT_SYNCED = "gpushare extender is still syncing its cache; retry"
+
+
+def read_body(raw: bytes) -> Any:
+    if not raw:
+        raise BadRequest("request body is empty")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not JSON: {exc}") from exc
+
+
+def filter_error(message: str) -> dict[str, Any]:
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": message}
+
+
+class Extender:
+    """The scheduling verbs and the parts they share. `start()` begins the list+watch (call it in the
+    serving process); until the first full sync, filter and bind answer "still syncing"."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        policy: Policy | str = "binpack",
+        unit: MemoryUnit = MemoryUnit.GiB,
+        cache: ClusterCache | None = None,
+        watch_timeout: int = 300,
+        assume_ttl: float | None = None,
+        sync_backoff: Callable[[], Backoff] = Backoff,
+        filter_keeps: str = "best",
+        bind_events: str = "failures",
+    ) -> None:
+        if isinstance(policy, str):
+            policy = make_policy(policy)
+        if bind_events not in BIND_EVENTS:
+            raise ValueError(f"bind_events must be one of {', '.join(BIND_EVENTS)}, not {bind_events!r}")
+        if filter_keeps not in FILTER_KEEPS:
+            raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
+        if cache is None:
+            cache = ClusterCache(unit=unit) if assume_ttl is None else ClusterCache(unit=unit, assume_ttl=assume_ttl)
+        self.policy = policy
+        self.unit = unit
+        self.cache = cache
+        self.keep_best = filter_keeps == "best"
+        self.random_ties = bool(getattr(policy, "random_ties", False))  # bestfit: kube-scheduler breaks its ties
+        self.metrics = Metrics(cache)
+        self.events = EventQueue(kube, on_drop=self.metrics.events_dropped.inc, on_error=self.metrics.events_failed.inc)
+        self.binder = Binder(
+            kube,
+            cache,
+            policy,
+            unit,
+            on_failure=lambda r: self.metrics.bind_failures.labels(r).inc(),
+            events=self.events,
+            on_pod_read=self.metrics.bind_pod_reads.inc,
+            assigned_events=bind_events == "all",
+        )
+        self.memo = ScoreMemo(policy)
+        self.index = (
+            BestNodeIndex(policy, cache, self.memo, self.binder.policy_lock) if BestNodeIndex.usable(policy) else None
+        )
+        if learns(policy):  # reading every pod's request costs a third of the first sync: only when it counts
+            cache.set_observer(self.observe)
+        if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
+            cache.set_largest_gpu_observer(self._largest_gpu)
+        self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
+
+    def start(self) -> None:
+        self.syncer.start()
+
+    def stop(self) -> None:
+        self.syncer.stop()
+
+    def observe(self, req: PodRequest) -> None:
+        """Workload-aware policies (frag) learn the pod-size distribution from every pod we see, the
+        initial list included, so a restarted extender relearns it from the cluster."""
+        with self.binder.policy_lock:
+            self.policy.observe(demand_of(req))
+        self.memo.invalidate()  # a learning policy may now score a view differently (no-op for binpack)
+
+    def _largest_gpu(self, units: int) -> None:
+        with self.binder.policy_lock:
+            self.policy.set_gpu_unit(units or None)  # type: ignore[attr-defined]
+        self.memo.invalidate()
+
+    def filter(self, raw: bytes) -> tuple[int, Any]:
+        try:
+            args = parse_extender_request(raw)
+        except BadRequest as exc:
+            return 400, filter_error(str(exc))
+        try:
+            wanted = pod_demand(args.pod)
+        except InvalidRequest as exc:
+            return 200, filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc))
+        if wanted is None:
+            return 200, filter_result(args, None, {}, {})  # not ours: pass every node through
+        if not self.cache.synced:
+            return 200, filter_result(args, None, {}, {}, NOT_SYNCED)
+        request, demand = wanted
+        self.binder.remember(args.pod, request)
+        if self.keep_best:
+            if self.index is not None:
+                passed = self.index.best(demand, args.names)
+            else:
+                scores = policy_scores(
+                    self.policy, demand, self.cache.entries(args.names), self.memo, self.binder.policy_lock
+                )
+                passed = best_nodes(scores, self.random_ties)
+            failed, unresolvable = {}, {}
+            if not passed:
+                _, failed, unresolvable = filter_nodes(demand, self.cache.entries(args.names), self.unit)
+        else:
+            passed, failed, unresolvable = filter_nodes(demand, self.cache.entries(args.names), self.unit)
+        if len(passed) == 1:
+            # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
+            self.binder.hold(args.pod, passed[0], demand)
+        return 200, filter_result(args, passed, failed, unresolvable)
+
+    def prioritize(self, raw: bytes) -> tuple[int, Any]:
+        try:
+            args = parse_extender_request(raw)
+            wanted = pod_demand(args.pod)
+        except (BadRequest, InvalidRequest) as exc:
+            # kube-scheduler only logs a failed prioritize; 400 keeps our scores out of the sum.
+            return 400, {"Error": str(exc)}
+        if wanted is None:
+            return 200, [{"Host": n, "Score": 0} for n in args.names]
+        _, demand = wanted
+        entries = self.cache.entries(args.names)
+        return 200, prioritize(self.policy, demand, entries, self.memo, self.binder.policy_lock)
+
+    def bind(self, raw: bytes) -> tuple[int, Any]:
+        failures = self.metrics.bind_failures
+        try:
+            args = parse_bind_args(read_body(raw))
+        except BadRequest as exc:
+            failures.labels("bad_request").inc()
+            return 400, {"Error": str(exc)}
+        if not self.cache.synced:
+            failures.labels("not_synced").inc()
+            return 200, {"Error": NOT_SYNCED}
+        try:
+            self.binder.bind(args)
+        except BindError as exc:
+            return 200, {"Error": str(exc)}
+        self.metrics.binds.inc()
+        return 200, {"Error": ""}
+
+    def timed_verbs(self) -> dict[str, TimedVerb]:
+        """The verbs by URL path, each timed and answering JSON bytes: the Flask routes call them, and so
+        does share_scheduler.server's lean front for kube-scheduler."""
+        verbs = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind}
+        return {f"{EXTENDER_PREFIX}/{name}": self._timed(name, fn) for name, fn in verbs.items()}
+
+    def _timed(self, name: str, fn: Callable[[bytes], tuple[int, Any]]) -> TimedVerb:
+        latency = self.metrics.latency.labels(name)
+
+        def run(raw: bytes) -> tuple[int, bytes]:
+            start = time.perf_counter()
+            try:
+                status, body = fn(raw)
+                return status, orjson.dumps(body)
+            finally:
+                latency.observe(time.perf_counter() - start)
+
+        return run
