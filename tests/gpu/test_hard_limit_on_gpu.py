@@ -39,9 +39,15 @@ try:
         held.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
         torch.cuda.synchronize()
     print("DONE NO-OOM", len(held) * 256, flush=True)
-except torch.OutOfMemoryError as exc:
-    free, total = torch.cuda.mem_get_info()
-    print("DONE OOM", len(held) * 256, "mem_get_info", free // 2**20, total // 2**20, flush=True)
+except RuntimeError as exc:  # torch.OutOfMemoryError is one; anything else is reported as it is
+    if "out of memory" not in str(exc).lower():
+        print("DONE ERROR", type(exc).__name__, str(exc).replace(chr(10), " ")[:300], flush=True)
+    else:
+        try:
+            free, total = torch.cuda.mem_get_info()
+        except RuntimeError:
+            free, total = -(2**20), -(2**20)
+        print("DONE OOM", len(held) * 256, "mem_get_info", free // 2**20, total // 2**20, flush=True)
 sys.stdin.read()
 """
 
@@ -86,7 +92,7 @@ def limiter(limits: NvmlMemoryLimits, nvml: NvmlBackend, pod_cgroups: PodCgroups
 
 
 def oom_at(output: str) -> tuple[int, str]:
-    m = re.search(r"^DONE OOM (\d+) mem_get_info (\d+) (\d+)", output, re.M)
+    m = re.search(r"^DONE OOM (\d+) mem_get_info (-?\d+) (-?\d+)", output, re.M)
     assert m, f"the allocation loop was never refused: {output[-500:]}"
     return int(m.group(1)), f"cudaMemGetInfo free {m.group(2)} MiB, total {m.group(3)} MiB"
 
