@@ -32,7 +32,14 @@ def setup(mode: str, args: argparse.Namespace, node: str, backend: GpuBackend) -
 def publish(support: Support, node: str, kube: KubeClient) -> None:
     """Once per start: the log line and the node annotation `kubectl inspect gpushare` shows."""
     level = logging.INFO if support.enforced or support.mode == HARD_LIMIT_OFF else logging.WARNING
-    log.log(level, "node %s: hard GPU memory limit (--hard-limit %s): %s", node, support.mode, support.reason)
+    log.log(
+        level,
+        "node %s: hard GPU memory limit (--hard-limit %s) %s: %s",
+        node,
+        support.mode,
+        "enforced" if support.enforced else "NOT enforced",
+        support.reason,
+    )
     try:
         kube.patch_node_annotations(node, {ANN_NODE_HARD_LIMIT: support.annotation(AGENT, now_rfc3339())})
     except KubeError as exc:

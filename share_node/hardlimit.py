@@ -196,10 +196,10 @@ def decide_support(f: Facts, scratch_problem: str | None) -> Support:
     if problem:
         if f.mode == HARD_LIMIT_OFF:
             return Support(f.mode, False, problem, f.driver)
-        return Support(f.mode, False, f"not enforced: {problem}; falling back to the env limit", f.driver)
+        return Support(f.mode, False, f"{problem}; falling back to the env limit", f.driver)
     gpus = tuple(g.uuid for g in f.gpus if not g.mig)
     mig = [g.uuid for g in f.gpus if g.mig]
-    reason = f"enforced by driver {f.driver} on the pod cgroups under {f.cgroup_root}"
+    reason = f"driver {f.driver}, on the pod cgroups under {f.cgroup_root}"
     if mig:
         reason += f"; not on the MIG instances {', '.join(mig)} (NVIDIA does not support them)"
     return Support(f.mode, True, reason, f.driver, gpus)

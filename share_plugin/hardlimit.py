@@ -81,9 +81,10 @@ class PluginHardLimit:
         level = logging.INFO if self.support.enforced or self.support.mode == HARD_LIMIT_OFF else logging.WARNING
         log.log(
             level,
-            "node %s: hard GPU memory limit (--hard-limit %s): %s",
+            "node %s: hard GPU memory limit (--hard-limit %s) %s: %s",
             self.node,
             self.support.mode,
+            "enforced" if self.support.enforced else "NOT enforced",
             self.support.reason,
         )
         try:

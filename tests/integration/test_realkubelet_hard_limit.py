@@ -182,7 +182,7 @@ def test_hard_limit_unsupported_node_falls_back_and_says_so(hard: Any, hns: str)
         assert node["enforced"] is False and node["mode"] == "auto"
         assert "unsupported driver 580.95.05" in node["reason"], node
         log = plugin_log(hard)
-        assert log.count("hard GPU memory limit (--hard-limit auto): not enforced: unsupported driver 580.95.05") == 1
+        assert log.count("hard GPU memory limit (--hard-limit auto) NOT enforced: unsupported driver 580.95.05") == 1
         cluster.create_pod(hard.pod("plain", hns, 2))
         pod = cluster.wait_phase(hns, "plain", ["Running"], timeout=120)
         assert hard.env_of(pod)["c0"][ENV_MEM_LIMIT_MIB] == "2048"

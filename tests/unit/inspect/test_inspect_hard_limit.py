@@ -26,11 +26,8 @@ def annotated() -> list[dict]:
 def test_hard_limit_shown_per_node_in_details_and_json() -> None:
     report = build_report(annotated(), PODS)
     details = render_details(report)
-    assert (
-        "Hard GPU Memory Limit:  not enforced (--hard-limit auto): not enforced: unsupported driver 580.159.04"
-        in details
-    )
-    assert "Hard GPU Memory Limit:  enforced (--hard-limit auto): enforced by driver 615.20.01" in details
+    assert "Hard GPU Memory Limit:  not enforced (--hard-limit auto): unsupported driver 580.159.04" in details
+    assert "Hard GPU Memory Limit:  enforced (--hard-limit auto): driver 615.20.01, on the pod cgroups" in details
     data = {n["name"]: n for n in json.loads(render_json(report))["nodes"]}
     assert data["gpu-a"]["hardLimit"]["enforced"] is False and data["gpu-a"]["hardLimit"]["driver"] == "580.159.04"
     assert data["gpu-b"]["hardLimit"]["enforced"] is True
