@@ -32,6 +32,12 @@ ANN_NODE_GPUS = ANNOTATION_PREFIX + "gpus"
 # (share_core/gpuusage.py), rewritten on a change and at a bounded rate; kubectl inspect shows it.
 ANN_NODE_GPU_USAGE = ANNOTATION_PREFIX + "gpu-usage"
 
+# Node annotation written by a node agent (share-plugin, share-dra) once at start: whether this node puts a
+# hard GPU memory limit on each pod through the NVIDIA driver (`--hard-limit`), and if not, why. JSON:
+# {"mode": "auto", "enforced": false, "reason": "unsupported driver 580.95.05 ...", "driver": "580.95.05",
+#  "agent": "share-plugin", "time": "<RFC 3339>"}; kubectl inspect shows it.
+ANN_NODE_HARD_LIMIT = ANNOTATION_PREFIX + "hard-limit"
+
 # Pod annotations written by the extender at bind, consumed by the plugin.
 ANN_GPU_INDEX = ANNOTATION_PREFIX + "gpu-index"
 ANN_GPU_UUID = ANNOTATION_PREFIX + "gpu-uuid"
@@ -81,6 +87,16 @@ DEVICE_LIST_STRATEGIES = (DEVICE_LIST_ENVVAR, DEVICE_LIST_VOLUME_MOUNTS, DEVICE_
 VISIBLE_DEVICES_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 # cdi-cri: fully qualified CDI names of the devices the NVIDIA toolkit's CDI spec (nvidia-ctk cdi generate) defines.
 CDI_NVIDIA_GPU_KIND = "nvidia.com/gpu"
+
+# --hard-limit: the NVIDIA driver's per-cgroup GPU memory limit (nvmlDeviceSetMemoryLimits_v1, R615+).
+# auto: where the node supports it, else say why and go on without; cgroup: required (the agent refuses to
+# start without it); off: never.
+HARD_LIMIT_AUTO = "auto"
+HARD_LIMIT_CGROUP = "cgroup"
+HARD_LIMIT_OFF = "off"
+HARD_LIMIT_MODES = (HARD_LIMIT_AUTO, HARD_LIMIT_CGROUP, HARD_LIMIT_OFF)
+HARD_LIMIT_MIN_DRIVER = (615,)  # the first driver branch with nvmlDeviceSetMemoryLimits_v1
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v2's mount; NVML takes a pod cgroup's full path below it
 
 # Pod phases whose containers are gone: their memory is free again.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -117,6 +117,28 @@ def allocated_devices(claim: Mapping[str, Any], node: str) -> list[AllocatedDevi
     return out
 
 
+def claim_pods(claim: Mapping[str, Any]) -> dict[str, str]:
+    """Pod UID -> `namespace/name` of each pod the claim is reserved for (status.reservedFor)."""
+    meta = claim.get("metadata") or {}
+    out = {}
+    for r in (claim.get("status") or {}).get("reservedFor") or []:
+        if r.get("resource") == "pods" and r.get("uid"):
+            out[str(r["uid"])] = f"{meta.get('namespace')}/{r.get('name')}"
+    return out
+
+
+def claim_memory(allocated: Sequence[AllocatedDevice], gpus: Sequence[Gpu]) -> dict[str, int]:
+    """GPU UUID -> bytes the claim consumed on it (--hard-limit); a device allocated whole is not shared and
+    takes no limit."""
+    by_device = gpu_by_device(gpus)
+    out: dict[str, int] = {}
+    for a in allocated:
+        gpu = by_device.get(a.device)
+        if gpu is not None and a.memory_mib is not None:
+            out[gpu.uuid] = out.get(gpu.uuid, 0) + a.memory_mib * 1024 * 1024
+    return out
+
+
 def gpu_by_device(gpus: Sequence[Gpu]) -> dict[str, Gpu]:
     """GPUs by their slice device name (`gpu-<index>`)."""
     return {dra_device_name(g.index): g for g in gpus}

@@ -23,6 +23,8 @@ from share_core.contract import (
     DRA_DRIVER_NAME,
     DRA_UNHEALTHY_MODES,
     DRA_UNHEALTHY_WITHDRAW,
+    HARD_LIMIT_AUTO,
+    HARD_LIMIT_MODES,
     MemoryUnit,
 )
 from share_node.backend.options import add_backend_args, open_backend
@@ -73,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
+    p.add_argument(
+        "--hard-limit",
+        choices=list(HARD_LIMIT_MODES),
+        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
+        help="a hard GPU memory limit per pod (its claims' capacity), enforced by the NVIDIA driver per cgroup "
+        "(R615+, cgroup v2, not MIG): auto (where supported, else say why), cgroup (required), off",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     return p
 
@@ -107,6 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     api = ApiServerDraApi(client)
     driver_version = str(getattr(backend, "driver_version", "") or "")
     publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version, args.unhealthy)
+    from share_dra import hardlimit
+    from share_node.hardlimit import HardLimitError
+
+    try:
+        support, limiter = hardlimit.setup(args.hard_limit, args, args.node_name, backend)
+    except HardLimitError as exc:
+        log.error("node %s: %s", args.node_name, exc)
+        return 1
+    hardlimit.publish(support, args.node_name, client)
     try:
         driver = Driver(
             args.node_name,
@@ -117,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             unit,
             [d for d in args.cdi_spec_dirs.split(",") if d],
             args.device_id_strategy,
+            limiter,
         )
     except RuntimeError as exc:
         log.error("%s", exc)
@@ -146,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("GPU %s is %s (%s): updating the ResourceSlice", uuid, "healthy" if healthy else "UNHEALTHY", why)
         publisher.kick.set()
 
+    if limiter is not None:
+        threading.Thread(
+            target=hardlimit.run, args=(limiter, driver.pod_limits(), stop), name="hard-limit", daemon=True
+        ).start()
     if args.health_check:
         threading.Thread(target=backend.watch_health, args=(stop, on_health), name="health", daemon=True).start()
     log.info(

@@ -14,7 +14,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,8 +22,18 @@ import yaml
 
 from share_core.contract import DRA_DRIVER_NAME, MemoryUnit, dra_cdi_spec_file
 from share_core.kube import KubeError, NotFound
-from share_dra.claims import ClaimError, PreparedDevice, allocated_devices, nvidia_cdi_names, prepare, spec_text
+from share_dra.claims import (
+    ClaimError,
+    PreparedDevice,
+    allocated_devices,
+    claim_memory,
+    claim_pods,
+    nvidia_cdi_names,
+    prepare,
+    spec_text,
+)
 from share_node.backend import Gpu
+from share_node.hardlimit import HardLimiter, HardLimitError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,9 @@ class Prepared:
     name: str
     spec_path: str
     devices: tuple[PreparedDevice, ...]
+    # --hard-limit: the pods the claim is reserved for (uid -> namespace/name) and its memory per GPU UUID
+    pods: Mapping[str, str] = field(default_factory=dict)
+    memory: Mapping[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,12 +74,19 @@ class Prepared:
             "name": self.name,
             "specPath": self.spec_path,
             "devices": [d.to_json() for d in self.devices],
+            "pods": dict(self.pods),
+            "memoryBytes": dict(self.memory),
         }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Prepared:
         return cls(
-            raw["namespace"], raw["name"], raw["specPath"], tuple(PreparedDevice.from_json(d) for d in raw["devices"])
+            raw["namespace"],
+            raw["name"],
+            raw["specPath"],
+            tuple(PreparedDevice.from_json(d) for d in raw["devices"]),
+            dict(raw.get("pods") or {}),
+            {k: int(v) for k, v in (raw.get("memoryBytes") or {}).items()},
         )
 
 
@@ -145,8 +165,10 @@ class Driver:
         unit: MemoryUnit = MemoryUnit.GiB,
         cdi_spec_dirs: Sequence[str] = (),
         device_id_strategy: str = "uuid",
+        limiter: HardLimiter | None = None,
     ) -> None:
         self.node = node
+        self.limiter = limiter
         self.gpus = gpus
         self.claims = claims
         self.cdi_dir = Path(cdi_dir)
@@ -173,7 +195,39 @@ class Driver:
                 except (ClaimError, KubeError, OSError) as exc:
                     log.warning("NodePrepareResources %s: %s", ref.key, exc)
                     out[ref.uid] = f"gpushare.io cannot prepare ResourceClaim {ref.namespace}/{ref.name}: {exc}"
+            if self.limiter is not None:
+                self._limit([r for r in refs if not isinstance(out.get(r.uid), str)], out)
         return out
+
+    def pod_limits(self) -> dict[str, tuple[str, dict[str, int]]]:
+        """Pod UID -> (namespace/name, {GPU UUID: bytes}): the sum of its prepared claims on each GPU."""
+        out: dict[str, tuple[str, dict[str, int]]] = {}
+        for p in self._prepared.values():
+            for uid, who in p.pods.items():
+                _, per_gpu = out.setdefault(uid, (who, {}))
+                for gpu, n in p.memory.items():
+                    per_gpu[gpu] = per_gpu.get(gpu, 0) + n
+        return out
+
+    def _limit(self, refs: Sequence[ClaimRef], out: dict[str, tuple[PreparedDevice, ...] | str]) -> None:
+        """--hard-limit: each pod of these claims gets the sum of its claims on each GPU, on its cgroup.
+
+        kubelet calls NodePrepareResources from kuberuntime SyncPod "Step 4" before createPodSandbox, after
+        Kubelet.SyncPod made the pod cgroup (pcm.EnsureExists): the cgroup exists and nothing of the pod runs.
+        A failure fails the claims (kubelet shows it on the pod and retries)."""
+        assert self.limiter is not None
+        limits = self.pod_limits()
+        for uid in sorted({u for r in refs for u in self._prepared[r.uid].pods}):
+            who, per_gpu = limits[uid]
+            if not per_gpu:
+                continue
+            try:
+                self.limiter.limit_pod(uid, who, per_gpu)
+            except HardLimitError as exc:
+                log.error("NodePrepareResources: %s", exc)
+                for r in refs:
+                    if uid in self._prepared[r.uid].pods:
+                        out[r.uid] = f"gpushare.io cannot prepare ResourceClaim {r.namespace}/{r.name}: {exc}"
 
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         done = self._prepared.get(ref.uid)
@@ -193,7 +247,14 @@ class Driver:
         prep = prepare(ref.uid, allocated, self.gpus(), self.unit, nvidia, self.device_id_strategy, str(spec_path))
         # Checkpoint first: a crash between the two leaves an entry whose Unprepare removes a file that may
         # not exist (harmless), never a spec file no entry names.
-        self._prepared[ref.uid] = Prepared(ref.namespace, ref.name, str(spec_path), prep.devices)
+        self._prepared[ref.uid] = Prepared(
+            ref.namespace,
+            ref.name,
+            str(spec_path),
+            prep.devices,
+            claim_pods(claim),
+            claim_memory(allocated, self.gpus()),
+        )
         self.checkpoint.save(self._prepared)
         write_atomic(spec_path, spec_text(prep.spec))
         log.info(
@@ -224,4 +285,16 @@ class Driver:
                     continue
                 log.info("NodeUnprepareResources %s: removed %s", ref.key, done.spec_path)
                 out[ref.uid] = ""
+                if self.limiter is not None:
+                    self._unlimit(done)
         return out
+
+    def _unlimit(self, done: Prepared) -> None:
+        """--hard-limit: a pod none of whose claims stays prepared loses its limit now. kubelet calls
+        NodeUnprepareResources from SyncTerminatingPod after every container stopped, before it removes the
+        pod cgroup (HandlePodCleanups -> cleanupOrphanedPodCgroups): the order the driver wants."""
+        assert self.limiter is not None
+        still = {u for p in self._prepared.values() for u in p.pods}
+        for uid in done.pods:
+            if uid not in still:
+                self.limiter.release_pod(uid, "its claims were unprepared")

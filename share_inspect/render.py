@@ -206,6 +206,9 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
     lines.append(f"Node GPU Memory({unit}):  {n.allocated}/{n.total} ({_pct(n.allocated, n.total)}%)")
     if measured:
         lines.append(f"Node GPU Memory Used({unit}):  {_used(n.used_mib, unit)} (measured {n.usage_time})")
+    if n.hard_limit is not None:
+        color = "" if n.hard_limit.enforced else _YELLOW
+        lines.append(f"Hard GPU Memory Limit:  {style.paint(n.hard_limit.text, color)}")
     return lines
 
 

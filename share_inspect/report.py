@@ -18,13 +18,21 @@ the claim is allocated but no live pod holds it (its memory stays taken until th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from share_core.accounting import holds_gpu_memory, node_usage
 from share_core.assignment import parse_assignment, pod_annotations, pod_key, pod_node
-from share_core.contract import ANN_ASSIGNED, ANN_NODE_GPU_USAGE, ANN_NODE_GPUS, RESOURCE_MEM, MemoryUnit
+from share_core.contract import (
+    ANN_ASSIGNED,
+    ANN_NODE_GPU_USAGE,
+    ANN_NODE_GPUS,
+    ANN_NODE_HARD_LIMIT,
+    RESOURCE_MEM,
+    MemoryUnit,
+)
 from share_core.gpus import GpuInfo, node_gpus
 from share_core.gpuusage import UsageSummary, parse_gpu_usage
 from share_core.request import InvalidRequest, pod_request
@@ -82,6 +90,20 @@ class GpuRow:
         return max(self.total - self.allocated, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class HardLimitRow:
+    """Whether the node's agent puts the driver's hard GPU memory limit on each pod, and if not, why."""
+
+    enforced: bool
+    mode: str
+    reason: str
+    driver: str = ""
+
+    @property
+    def text(self) -> str:
+        return f"{'enforced' if self.enforced else 'not enforced'} (--hard-limit {self.mode}): {self.reason}"
+
+
 @dataclass(slots=True)
 class NodeRow:
     name: str
@@ -92,6 +114,7 @@ class NodeRow:
     problems: list[str] = field(default_factory=list)
     usage_time: str | None = None  # when the plugin measured the `used` figures; None: it reports none
     mode: str = MODE_DEVICE_PLUGIN
+    hard_limit: HardLimitRow | None = None  # the node agent's `gpushare.io/hard-limit`; None: not said
 
     @property
     def allocated(self) -> int:
@@ -253,11 +276,27 @@ def _build_node(node: Obj, pods: list[Obj], forced: MemoryUnit | None) -> tuple[
         pending=pending,
         problems=problems,
         usage_time=None if measured is None else (measured.time or "unknown"),
+        hard_limit=_hard_limit(node, problems),
     )
     if measured is not None:
         for key, row in rows.items():
             row.used_mib = dict(measured.pods.get(key, {}))
     return node_row, node_unit(gpus, forced)
+
+
+def _hard_limit(node: Obj, problems: list[str]) -> HardLimitRow | None:
+    """The node agent's `gpushare.io/hard-limit`; a garbage one is reported."""
+    raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ANN_NODE_HARD_LIMIT)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return HardLimitRow(
+            bool(data["enforced"]), str(data.get("mode", "")), str(data.get("reason", "")), str(data.get("driver", ""))
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        problems.append(f"annotation {ANN_NODE_HARD_LIMIT} is not what the node agent writes ({exc}): {raw[:80]!r}")
+        return None
 
 
 def _measured(node: Obj, problems: list[str]) -> UsageSummary | None:
@@ -407,6 +446,7 @@ def _dra_node(
         problems=problems,
         usage_time=None if measured is None else (measured.time or "unknown"),
         mode=MODE_DRA,
+        hard_limit=_hard_limit(node, problems),
     )
 
 
@@ -480,6 +520,9 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         if n.usage_time is not None:
             node["usedMiB"] = n.used_mib
             node["usageTime"] = n.usage_time
+        if n.hard_limit is not None:
+            h = n.hard_limit
+            node["hardLimit"] = {"enforced": h.enforced, "mode": h.mode, "reason": h.reason, "driver": h.driver}
         nodes.append(node)
     return {
         "schemaVersion": SCHEMA_VERSION,

@@ -104,6 +104,10 @@ class Allocator:
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
         self._reported: set[tuple[str, str]] = set()  # (pod uid, event reason) already told, once each
+        # device IDs -> (pod uid, namespace, name) each container was served: PreStartContainer names only the
+        # devices (--hard-limit finds the pod's cgroup by it). kubelet never gives one device to two live
+        # containers; the oldest entries go first.
+        self._served_devices: dict[frozenset[str], tuple[str, str, str]] = {}
         self._tell_lock = threading.Lock()  # audit runs beside Allocate
 
     def _view(self) -> PodResourcesView | None:
@@ -151,6 +155,9 @@ class Allocator:
             if match.last and not match.assignment.assigned:
                 self._mark_assigned(match)
             self._served.add((match.uid, match.container.name))
+            self._served_devices[frozenset(device_ids)] = (match.uid, match.namespace, match.name)
+            while len(self._served_devices) > 4096:
+                del self._served_devices[next(iter(self._served_devices))]
             unhealthy = [g.index for g in match.gpus if not g.healthy]
             log.info(
                 "node %s: pod %s container %s: %d %s on GPU %s (%s) by %s%s%s",
@@ -166,6 +173,21 @@ class Allocator:
                 f"; WARNING GPU {unhealthy} is unhealthy" if unhealthy else "",
             )
             return answer
+
+    def pod_of_devices(self, device_ids: Sequence[str]) -> tuple[str, str, str] | None:
+        """(pod uid or "", namespace, name) of the container kubelet gave `device_ids`: what this process served,
+        else what kubelet's PodResources says (after a plugin restart between Allocate and the container's
+        start; the UID is then read from the API by the caller)."""
+        key = frozenset(device_ids)
+        with self._lock:
+            known = self._served_devices.get(key)
+        if known is not None:
+            return known
+        view = self._view() or {}
+        for (namespace, name), containers in view.items():
+            if any(key <= ids for ids in containers.values()):
+                return ("", namespace, name)
+        return None
 
     def kubelet_restarted(self) -> None:
         """A new kubelet: forget which containers we served. A pod whose admission the old kubelet cut

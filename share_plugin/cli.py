@@ -17,6 +17,8 @@ from share_core.contract import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DEVICE_LIST_ENVVAR,
     DEVICE_LIST_STRATEGIES,
+    HARD_LIMIT_AUTO,
+    HARD_LIMIT_MODES,
     RESOURCE_COUNT,
     RESOURCE_MEM,
     MemoryUnit,
@@ -89,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUSHARE_SIM_PROCESSES_FILE"),
         help='sim backend: JSON list of simulated GPU processes [{"pid": N, "gpu": index, "usedMiB": N}], polled',
     )
+    p.add_argument(
+        "--hard-limit",
+        choices=list(HARD_LIMIT_MODES),
+        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
+        help="a hard GPU memory limit per pod, enforced by the NVIDIA driver per cgroup (R615+, cgroup v2, not MIG): "
+        "auto (where supported, else say why and fall back), cgroup (required: refuse to start without), off",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument(
         "--unpublish",
@@ -155,8 +164,18 @@ def main(argv: list[str] | None = None) -> int:
             args.node_name,
             problem,
         )
+    from share_node.hardlimit import HardLimitError
+    from share_plugin import hardlimit
+
     try:
-        plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube))
+        hard_limit = hardlimit.setup(
+            args.hard_limit, args, args.node_name, kube, backend, unit, allocator.pod_of_devices
+        )
+    except HardLimitError as exc:
+        log.error("node %s: %s", args.node_name, exc)
+        return 1
+    try:
+        plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube), hard_limit=hard_limit)
     except DeviceListTooLarge as exc:
         log.error("node %s: %s", args.node_name, exc)
         return 1
@@ -196,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             proc=ProcFs(args.proc_root),
             annotation_interval=args.usage_annotation_interval,
             annotation_threshold_mib=args.usage_annotation_threshold,
+            hard_limit=hard_limit,
         )
         try:
             metrics_server = metrics.serve(monitor, args.metrics_port, args.metrics_address)

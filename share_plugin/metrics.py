@@ -11,6 +11,11 @@ Served on `--metrics-port` (`GET /metrics`). Series (labels: node, gpu = the GPU
 | gpushare_gpu_memory_total_bytes | | the GPU's memory |
 | gpushare_gpu_memory_outside_pods_bytes | | used by processes in no pod (a GPU used outside Kubernetes) |
 
+With `--hard-limit` on a node that enforces it (labels namespace, pod, node, gpu, uuid):
+`gpushare_pod_gpu_memory_hard_limit_bytes` (the driver's limit on the pod's cgroup) and
+`gpushare_pod_gpu_memory_driver_used_bytes` (what the driver charges it, `currentUsed`); on every node
+`gpushare_hard_limit_enforced{node, mode}` (1: this node enforces hard limits; 0: it fell back, the node
+annotation `gpushare.io/hard-limit` says why),
 and the monitor's own counters (polls, poll errors, over-limit crossings, processes ended, annotation writes)
 and the last poll's duration.
 """
@@ -24,7 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from share_plugin.monitor import Monitor
+from share_plugin.monitor import Monitor, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,7 @@ class MonitorCollector:
                     limit.add_metric(labels, c.limit_bytes)
                     over.add_metric(labels, 1 if c.over else 0)
         yield from (used, limit, over, gpu_used, gpu_total, outside)
+        yield from self._hard_limit(node, snap)
         stats = self.monitor.stats
         counters: list[tuple[str, str, float]] = [
             ("gpushare_monitor_polls", "GPU memory polls made", stats.polls),
@@ -94,6 +100,36 @@ class MonitorCollector:
         last = GaugeMetricFamily("gpushare_monitor_last_poll_seconds", "Duration of the last poll", labels=["node"])
         last.add_metric([node], stats.last_poll_seconds)
         yield last
+
+    def _hard_limit(self, node: str, snap: Snapshot | None) -> Iterator[Metric]:
+        hard = self.monitor.hard_limit
+        support = getattr(hard, "support", None)
+        if support is None:
+            return
+        enforced = GaugeMetricFamily(
+            "gpushare_hard_limit_enforced",
+            "1 when this node puts the driver's hard GPU memory limit on each pod (--hard-limit), 0 when it fell back",
+            labels=["node", "mode"],
+        )
+        enforced.add_metric([node, support.mode], 1 if support.enforced else 0)
+        yield enforced
+        pod_labels = ["namespace", "pod", "node", "gpu", "uuid"]
+        limit = GaugeMetricFamily(
+            "gpushare_pod_gpu_memory_hard_limit_bytes", "The driver's hard limit on a pod's cgroup", labels=pod_labels
+        )
+        used = GaugeMetricFamily(
+            "gpushare_pod_gpu_memory_driver_used_bytes",
+            "GPU memory the driver charges a pod's cgroup (currentUsed)",
+            labels=pod_labels,
+        )
+        if snap is not None:
+            uuids = {g.index: g.uuid for g in snap.usage.gpus}
+            for (ns, pod), per in snap.usage.driver_pods.items():
+                for index, (n_used, n_hard) in per.items():
+                    labels = [ns, pod, node, str(index), uuids.get(index, "")]
+                    used.add_metric(labels, n_used)
+                    limit.add_metric(labels, n_hard)
+        yield from (limit, used)
 
 
 def registry_for(monitor: Monitor) -> CollectorRegistry:

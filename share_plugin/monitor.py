@@ -3,7 +3,9 @@
 Every few seconds (`--monitor-interval`): the backend lists each GPU's used memory and compute processes;
 each PID's cgroup names its pod UID and container ID (share_plugin/cgroups.py); the pods bound to this node
 (listed again only when an unknown pod or container shows up, or once a minute) name the container and its
-limit; share_plugin/usage.py sums and decides. Then: Prometheus metrics (share_plugin/metrics.py), an Event
+limit; share_plugin/usage.py sums and decides. With a hard limit (`--hard-limit`), the driver's `currentUsed` of
+each limited pod's cgroup (nvmlDeviceGetMemoryLimits_v1) is its exact figure per GPU, contexts included.
+Then: Prometheus metrics (share_plugin/metrics.py), an Event
 and a log line per crossing of a limit, `--over-limit kill` ends the container's processes after the grace
 period, and the node annotation `gpushare.io/gpu-usage` for kubectl inspect is rewritten when a figure moved
 by `--usage-annotation-threshold` MiB, at most once per `--usage-annotation-interval`.
@@ -23,11 +25,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from share_core.contract import ANN_NODE_GPU_USAGE, EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED, MemoryUnit
 from share_core.gpuusage import UsageSummary, changed_enough
 from share_core.kube import KubeClient, KubeError, now_rfc3339
 from share_node.backend import GpuBackend
+from share_node.hardlimit import Limits
 from share_plugin.cgroups import CgroupRef, parse_cgroup
 from share_plugin.usage import (
     Cleared,
@@ -41,6 +45,7 @@ from share_plugin.usage import (
     Usage,
     attribute,
     decide,
+    driver_usage,
     index_pods,
     summarize,
 )
@@ -48,6 +53,12 @@ from share_plugin.usage import (
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 5.0
+
+
+class HardLimitReadings(Protocol):
+    """--hard-limit: each limited pod's limits and use per GPU, from the driver (share_plugin/hardlimit.py)."""
+
+    def readings(self) -> dict[str, dict[str, Limits]]: ...
 
 
 class ProcFs:
@@ -161,8 +172,10 @@ class Monitor:
         pod_refresh: float = 60.0,
         min_relist: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        hard_limit: HardLimitReadings | None = None,
     ) -> None:
         self.node, self.backend, self.kube, self.unit = node, backend, kube, unit
+        self.hard_limit = hard_limit
         self.mode, self.grace, self.interval = mode, grace, interval
         self.proc = proc or ProcFs()
         self.killer = killer or Killer(self.proc)
@@ -221,6 +234,8 @@ class Monitor:
         cgroups = self._cgroups = self.proc.cgroups(pids)
         self._refresh_pods(started, cgroups)
         usage = attribute(readings, cgroups, self._pods)
+        if self.hard_limit is not None:
+            usage.driver_pods = driver_usage(self.hard_limit.readings(), self._pods, readings)
         for pid in usage.exited:
             log.debug("node %s: PID %d on a GPU exited before its cgroup was read", self.node, pid)
         self._state, actions = decide(usage, self._state, started, self.mode, self.grace)

@@ -9,7 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 
-from share_core.contract import ANN_NODE_GPU_USAGE, ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
+from share_core.contract import (
+    ANN_NODE_GPU_USAGE,
+    ANN_NODE_GPUS,
+    ANN_NODE_HARD_LIMIT,
+    NODE_LABEL,
+    NODE_LABEL_VALUE,
+    RESOURCE_COUNT,
+)
 from share_core.gpus import GpuInfo, format_node_gpus
 from share_core.kube import KubeClient, KubeError
 from share_core.retry import Backoff
@@ -113,11 +120,12 @@ def unpublish(kube: KubeClient, node: str | None = None) -> list[str]:
             n["metadata"]["name"]
             for n in nodes
             if ANN_NODE_GPUS in (n["metadata"].get("annotations") or {})
+            or ANN_NODE_HARD_LIMIT in (n["metadata"].get("annotations") or {})
             or RESOURCE_COUNT in ((n.get("status") or {}).get("capacity") or {})
             or (n["metadata"].get("labels") or {}).get(NODE_LABEL) == NODE_LABEL_VALUE
         ]
     for name in names:
-        kube.patch_node_annotations(name, {ANN_NODE_GPUS: None, ANN_NODE_GPU_USAGE: None})
+        kube.patch_node_annotations(name, {ANN_NODE_GPUS: None, ANN_NODE_GPU_USAGE: None, ANN_NODE_HARD_LIMIT: None})
         kube.patch_node_capacity(name, {RESOURCE_COUNT: None})
         log.info("node %s: removed %s and %s", name, ANN_NODE_GPUS, RESOURCE_COUNT)
     return names

@@ -25,10 +25,12 @@ from share_core.contract import (
 )
 from share_core.retry import Backoff
 from share_node.backend import GpuBackend
+from share_node.hardlimit import HardLimitError
 from share_plugin.allocator import Allocator
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import deviceplugin_v1beta1_pb2_grpc as pbgrpc
 from share_plugin.devices import DeviceListTooLarge, check_device_ids, check_message_size, device_list, gpu_infos
+from share_plugin.hardlimit import PluginHardLimit
 from share_plugin.matcher import AllocationError
 from share_plugin.publisher import Publisher
 
@@ -68,7 +70,9 @@ class DevicePluginServicer(pbgrpc.DevicePluginServicer):
         self.plugin = plugin
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=False)
+        # --hard-limit: kubelet reads this when the plugin connects (devicemanager PluginConnected) and then calls
+        # PreStartContainer before it creates each container (share_plugin/hardlimit.py).
+        return self.plugin.options()
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
         seen = -1
@@ -122,6 +126,16 @@ class DevicePluginServicer(pbgrpc.DevicePluginServicer):
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
+        hard = self.plugin.hard_limit
+        if hard is not None and hard.enforced:
+            try:
+                hard.pre_start(list(request.devices_ids))
+            except HardLimitError as exc:
+                log.error("PreStartContainer: %s", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except Exception as exc:
+                log.exception("PreStartContainer failed unexpectedly")
+                context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.config.node}: PreStartContainer: {exc}")
         return pb.PreStartContainerResponse()
 
 
@@ -132,8 +146,10 @@ class DevicePlugin:
         backend: GpuBackend,
         allocator: Allocator,
         publisher: Publisher | None = None,
+        hard_limit: PluginHardLimit | None = None,
     ) -> None:
         self.config = config
+        self.hard_limit = hard_limit
         self.backend = backend
         self.allocator = allocator
         self.publisher = publisher
@@ -149,6 +165,11 @@ class DevicePlugin:
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
         self._served_ids: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
+
+    def options(self) -> pb.DevicePluginOptions:
+        """What kubelet is told at registration and when it connects: PreStartContainer only with a hard limit."""
+        pre_start = self.hard_limit is not None and self.hard_limit.enforced
+        return pb.DevicePluginOptions(pre_start_required=pre_start, get_preferred_allocation_available=False)
 
     # -- devices -----------------------------------------------------------------------------------
 
@@ -247,7 +268,7 @@ class DevicePlugin:
                             version=DEVICE_PLUGIN_API_VERSION,
                             endpoint=os.path.basename(self.config.socket_path),
                             resource_name=self.config.resource,
-                            options=pb.DevicePluginOptions(),
+                            options=self.options(),
                         ),
                         timeout=5,
                     )
@@ -314,6 +335,11 @@ class DevicePlugin:
         if self.publisher:
             self.publisher.start()
             self.publisher.publish(gpu_infos(self.backend.gpus(), self.config.unit))
+        if self.hard_limit is not None:
+            self.hard_limit.publish()
+            t = threading.Thread(target=self.hard_limit.run, args=(self.stopping,), name="hard-limit", daemon=True)
+            t.start()
+            self._threads.append(t)
         if self.config.health_check:
             t = threading.Thread(
                 target=self.backend.watch_health,

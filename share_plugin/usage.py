@@ -23,6 +23,7 @@ from share_core.contract import MemoryUnit
 from share_core.gpuusage import UsageSummary
 from share_core.request import InvalidRequest, pod_request
 from share_node.backend import GpuReading
+from share_node.hardlimit import Limits
 from share_plugin.cgroups import CgroupRef, status_container_id
 
 MIB = 1024 * 1024
@@ -84,6 +85,8 @@ class Usage:
     unknown_pods: set[str] = field(default_factory=set)  # pod UIDs in a cgroup but not in the pod list
     unknown_containers: set[str] = field(default_factory=set)  # container IDs the pod statuses do not name
     exited: list[int] = field(default_factory=list)  # PIDs NVML listed that were gone when we looked
+    # --hard-limit: (namespace, pod) -> {gpu index: (bytes used, hard limit)} from the driver, per pod cgroup
+    driver_pods: dict[tuple[str, str], dict[int, tuple[int, int]]] = field(default_factory=dict)
 
     def pod_used(self) -> dict[tuple[str, str], dict[int, int]]:
         """(namespace, pod) -> {gpu index: bytes} over all the pod's containers."""
@@ -285,10 +288,30 @@ def decide(
 # -- the node annotation kubectl inspect reads --------------------------------------------------------------
 
 
+def driver_usage(
+    limits: Mapping[str, Mapping[str, Limits]], pods: Mapping[str, PodEntry], readings: Sequence[GpuReading]
+) -> dict[tuple[str, str], dict[int, tuple[int, int]]]:
+    """The driver's per-pod figures (pod UID -> {GPU UUID: Limits}) by (namespace, pod) and GPU index; pods not
+    in the pod list and readings without `currentUsed` are left out."""
+    index = {r.uuid: r.index for r in readings}
+    out: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+    for uid, per_gpu in limits.items():
+        entry = pods.get(uid)
+        if entry is None:
+            continue
+        for uuid, lim in per_gpu.items():
+            if lim.current_used is not None and uuid in index:
+                out.setdefault((entry.namespace, entry.name), {})[index[uuid]] = (lim.current_used, lim.hard)
+    return out
+
+
 def summarize(usage: Usage) -> UsageSummary:
-    """MiB per GPU index and per pod (namespace/name) per GPU index, for `gpushare.io/gpu-usage`."""
+    """MiB per GPU index and per pod (namespace/name) per GPU index, for `gpushare.io/gpu-usage`; a pod under a
+    hard limit counts what the driver charges its cgroup (exact, the CUDA contexts included)."""
     pods: dict[str, dict[int, int]] = {}
     for (ns, name), per in usage.pod_used().items():
         if ns:
             pods[f"{ns}/{name}"] = {i: b // MIB for i, b in per.items()}
+    for (ns, name), per_driver in usage.driver_pods.items():
+        pods[f"{ns}/{name}"] = {i: used // MIB for i, (used, _hard) in per_driver.items()}
     return UsageSummary({g.index: g.used_bytes // MIB for g in usage.gpus}, pods)

@@ -23,6 +23,7 @@ import threading
 from typing import Any
 
 from share_node.backend import BackendError, Gpu, GpuProcess, GpuReading, HealthCallback
+from share_node.hardlimit import LimitError, LimitErrorCode, Limits
 
 log = logging.getLogger(__name__)
 
@@ -225,3 +226,69 @@ class NvmlBackend:
 
 def _describe(gpus: list[Gpu]) -> str:
     return ", ".join(f"{g.index}:{g.model}:{g.memory_mib}MiB:{g.uuid}" for g in gpus) or "no GPUs"
+
+
+class NvmlMemoryLimits:
+    """The driver's per-cgroup memory limit through NVML (share_node/hardlimit.py says what NVIDIA documents).
+
+    nvidia-ml-py 13.615.71: `c_nvmlSetMemoryLimits_v1_t(nameSpace, softLimit, hardLimit)`,
+    `c_nvmlGetMemoryLimits_v1_t(nameSpace, softLimit, hardLimit, currentUsed)`,
+    `nvmlDeviceSetMemoryLimits_v1(handle, struct)`, `nvmlDeviceGetMemoryLimits_v1(handle, struct)`; a
+    libnvidia-ml without the symbol raises NVML_ERROR_FUNCTION_NOT_FOUND.
+    """
+
+    def __init__(self, backend: NvmlBackend) -> None:
+        self._backend = backend
+        self._nvml = backend._nvml
+
+    def available(self) -> bool:
+        nv = self._nvml
+        if not all(hasattr(nv, n) for n in ("nvmlDeviceSetMemoryLimits_v1", "c_nvmlSetMemoryLimits_v1_t")):
+            return False  # nvidia-ml-py older than 13.615
+        try:
+            nv._nvmlGetFunctionPointer("nvmlDeviceSetMemoryLimits_v1")
+            nv._nvmlGetFunctionPointer("nvmlDeviceGetMemoryLimits_v1")
+        except nv.NVMLError:
+            return False
+        return True
+
+    def driver_version(self) -> str:
+        return self._backend.driver_version
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        h = self._backend._handles.get(gpu_uuid)
+        if h is None:
+            raise LimitError(LimitErrorCode.NOT_FOUND, f"no GPU {gpu_uuid} on this node")
+        return h
+
+    def _error(self, exc: Exception, what: str) -> LimitError:
+        nv = self._nvml
+        codes = {
+            nv.NVML_ERROR_NOT_SUPPORTED: LimitErrorCode.NOT_SUPPORTED,
+            nv.NVML_ERROR_NO_PERMISSION: LimitErrorCode.NO_PERMISSION,
+            nv.NVML_ERROR_NOT_FOUND: LimitErrorCode.NOT_FOUND,
+            nv.NVML_ERROR_INVALID_ARGUMENT: LimitErrorCode.INVALID_ARGUMENT,
+            nv.NVML_ERROR_FUNCTION_NOT_FOUND: LimitErrorCode.FUNCTION_NOT_FOUND,
+        }
+        return LimitError(codes.get(getattr(exc, "value", None), LimitErrorCode.OTHER), f"{what}: {exc}")
+
+    def set(self, gpu_uuid: str, cgroup: str, soft: int, hard: int) -> None:
+        nv = self._nvml
+        limits = nv.c_nvmlSetMemoryLimits_v1_t()
+        limits.nameSpace = cgroup.encode()
+        limits.softLimit = soft
+        limits.hardLimit = hard
+        try:
+            nv.nvmlDeviceSetMemoryLimits_v1(self._handle(gpu_uuid), limits)
+        except nv.NVMLError as exc:
+            raise self._error(exc, f"nvmlDeviceSetMemoryLimits_v1({gpu_uuid}, {cgroup})") from exc
+
+    def get(self, gpu_uuid: str, cgroup: str) -> Limits:
+        nv = self._nvml
+        limits = nv.c_nvmlGetMemoryLimits_v1_t()
+        limits.nameSpace = cgroup.encode()
+        try:
+            nv.nvmlDeviceGetMemoryLimits_v1(self._handle(gpu_uuid), limits)
+        except nv.NVMLError as exc:
+            raise self._error(exc, f"nvmlDeviceGetMemoryLimits_v1({gpu_uuid}, {cgroup})") from exc
+        return Limits(int(limits.softLimit), int(limits.hardLimit), int(limits.currentUsed))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from share_core.contract import DEFAULT_CGROUP_ROOT
 from share_node.backend import GpuBackend
+from share_node.hardlimit import MemoryLimits
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -30,6 +32,30 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
         default=env("GPUSHARE_IGNORED_XIDS"),
         help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
     )
+    # The hard limit's ground (--hard-limit itself is each agent's own flag).
+    p.add_argument(
+        "--cgroup-root",
+        default=env("GPUSHARE_CGROUP_ROOT", DEFAULT_CGROUP_ROOT),
+        help="--hard-limit: the cgroup v2 mount where kubelet's pod cgroups are found (the host's, mounted at the "
+        "same path: NVML takes the full path)",
+    )
+    p.add_argument(
+        "--sim-driver-version",
+        default=env("GPUSHARE_SIM_DRIVER_VERSION", "615.0"),
+        help="sim backend: the driver version the NVML stand-in reports (below 615: memory limits NOT_SUPPORTED)",
+    )
+    p.add_argument(
+        "--sim-memory-limits-file",
+        default=env("GPUSHARE_SIM_MEMORY_LIMITS_FILE"),
+        help="sim backend: where the NVML stand-in keeps per-cgroup memory limits (the driver's state; it "
+        "outlives the agent)",
+    )
+    p.add_argument(
+        "--sim-accept-cgroup-v1",
+        action=argparse.BooleanOptionalAction,
+        default=env_bool("GPUSHARE_SIM_ACCEPT_CGROUP_V1", False),
+        help="sim backend: the NVML stand-in takes cgroup v1 paths too (test machines without cgroup v2)",
+    )
 
 
 def open_backend(args: argparse.Namespace, node: str, processes_file: str | None = None) -> GpuBackend:
@@ -42,3 +68,26 @@ def open_backend(args: argparse.Namespace, node: str, processes_file: str | None
 
     xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
     return NvmlBackend(xids)
+
+
+def open_memory_limits(args: argparse.Namespace, backend: GpuBackend, node: str) -> MemoryLimits:
+    """The per-cgroup memory limit adapter for `backend`: NVML's, or the stand-in's for the sim backend."""
+    if backend.name == "sim":
+        import tempfile
+
+        from share_node.backend.simlimits import SimMemoryLimits
+
+        state = args.sim_memory_limits_file or os.path.join(
+            tempfile.gettempdir(), f"gpushare-sim-memory-limits-{node}.json"
+        )
+        return SimMemoryLimits(
+            state,
+            args.sim_driver_version,
+            mig_uuids=[g.uuid for g in backend.gpus() if g.parent_uuid],
+            readings=backend.readings,
+            accept_cgroup_v1=args.sim_accept_cgroup_v1,
+        )
+    from share_node.backend.nvml import NvmlBackend, NvmlMemoryLimits
+
+    assert isinstance(backend, NvmlBackend)
+    return NvmlMemoryLimits(backend)

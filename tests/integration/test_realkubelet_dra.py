@@ -37,6 +37,8 @@ from share_core.contract import (
 from share_core.kube import NotFound
 from share_dra.claims import quantity_bytes
 from share_node.backend.sim import SimBackend
+from share_node.backend.simlimits import read_state
+from share_node.hardlimit import pod_uid_of_dir
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.draworkload import device_class
@@ -44,6 +46,7 @@ from tests.controlplane.gpucluster import wait_for
 from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
 from tests.integration.test_dra import PLUGIN_USER, RES, grant_plugin_rbac
 from tests.node import RealNode
+from tests.node.host import hard_limit_cgroup_tree
 
 pytestmark = [
     pytest.mark.integration,
@@ -61,6 +64,7 @@ class DraRealNode:
     cp: ControlPlane
     node: RealNode
     plugin: ManagedProcess
+    limits_file: str = ""  # the NVML stand-in's state (--hard-limit)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         return self.node.admin.request(method, path, **kw)
@@ -88,6 +92,10 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         node.admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
         plugin_dir = node.plugins_dir / DRA_DRIVER_NAME
         plugin_dir.mkdir(parents=True, exist_ok=True)
+        # --hard-limit cgroup with the NVML stand-in, on the node's own cgroup tree (the hybrid cgroup v2
+        # hierarchy where there is one: tests/integration/test_realkubelet_hard_limit.py says why)
+        cgroup_root, accept_v1 = hard_limit_cgroup_tree(node.cgroup_root)
+        limits_file = workdir / "memory-limits.json"
         plugin = ManagedProcess(
             "share-dra",
             [
@@ -102,11 +110,15 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 f"--plugin-dir={plugin_dir}",
                 f"--cdi-dir={node.cdi_dir}",
                 f"--cdi-spec-dirs={node.cdi_dir}",
+                "--hard-limit=cgroup",
+                f"--cgroup-root={cgroup_root}",
+                f"--sim-memory-limits-file={limits_file}",
+                *accept_v1,
                 "--log-level=DEBUG",
             ],
             cp.log_dir / "share-dra.log",
         )
-        env = DraRealNode(cp, node, plugin)
+        env = DraRealNode(cp, node, plugin, str(limits_file))
 
         def published() -> bool:
             items = node.admin.request(
@@ -250,3 +262,29 @@ def test_two_containers_share_one_claim(dra_real: DraRealNode) -> None:
     assert spec.is_file()
     delete(dra_real, "shared")
     wait_for(lambda: not spec.exists(), 60, "the shared claim's CDI spec to be removed")
+
+
+def test_hard_limit_dra_pod_cgroup_limited_before_anything_of_the_pod_runs(dra_real: DraRealNode) -> None:
+    """--hard-limit: NodePrepareResources (kuberuntime SyncPod step 4, before the sandbox) limits the pod's cgroup
+    to its claim's consumed memory; NodeUnprepareResources (after every container stopped, before kubelet
+    removes the cgroup) clears it, in that order."""
+    p, c = run(dra_real, "hard", 3, containers=2)
+    device, mib = allocation(c)
+    gpu = sim_gpus()[int(device.removeprefix("gpu-"))]
+    uid = p["metadata"]["uid"]
+
+    def mine() -> list[dict[str, Any]]:
+        return [e for e in read_state(dra_real.limits_file)["journal"] if pod_uid_of_dir(Path(e["path"]).name) == uid]
+
+    sets = [e for e in mine() if e["op"] == "set"]
+    assert len(sets) == 1 and sets[0]["gpu"] == gpu.uuid, mine()
+    assert sets[0]["hard"] == sets[0]["soft"] == mib * 2**20 == 3 * 2**30
+    # Nothing of the pod existed yet: no sandbox, no container cgroup, no process in the pod's cgroup.
+    assert sets[0]["children"] == [] and sets[0]["procs"] == 0, sets[0]
+    assert Path(sets[0]["path"]).is_dir() and any(Path(sets[0]["path"]).iterdir())  # and now they run
+    for i in range(2):
+        assert printed_env(dra_real, "hard", f"c{i}")[ENV_MEM_LIMIT_MIB] == "3072"
+    delete(dra_real, "hard")
+    wait_for(lambda: any(e["op"] == "clear" for e in mine()), 60, "the pod's limit to be cleared")
+    ops = [e["op"] for e in mine()]
+    assert ops[:2] == ["set", "clear"], ops  # cleared while the cgroup existed, before kubelet removed it

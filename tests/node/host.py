@@ -119,6 +119,19 @@ def is_cgroup_v2() -> bool:
     return (CGROUP_FS / "cgroup.controllers").exists()
 
 
+def hard_limit_cgroup_tree(name: str) -> tuple[str, list[str]]:
+    """Where a node agent with --hard-limit finds the pod cgroups of the RealNode whose cgroupRoot is `/<name>`,
+    and the NVML stand-in's flags for it: the hybrid cgroup v2 hierarchy (/sys/fs/cgroup/unified) when kubelet's
+    pods land there (runc creates them there in hybrid mode), a real cgroup2 mount; else the v1 memory
+    hierarchy, with the stand-in told to accept cgroup v1 paths; on a cgroup v2 host, the v2 tree itself."""
+    if is_cgroup_v2():
+        return str(CGROUP_FS / name), []
+    v2 = CGROUP_FS / "unified" / name
+    if (v2 / "kubepods").is_dir():
+        return str(v2), []
+    return str(CGROUP_FS / "memory" / name), ["--sim-accept-cgroup-v1"]
+
+
 def create_cgroup_root(name: str) -> None:
     """`/<name>` in every hierarchy (kubelet requires its cgroupRoot to exist); cpuset gets its parent's
     cpus and mems, without which no task may join it."""

@@ -175,6 +175,12 @@ devicePluginDir: {{ $dpdir }}
 podResourcesSocket: {{ $root }}/pod-resources/kubelet.sock
 deviceIdStrategy: {{ $dp.deviceIdStrategy }}
 deviceListStrategy: {{ $dp.deviceListStrategy }}
+{{- /* an unquoted `off` in values.yaml is YAML's false */}}
+{{- $hl := ternary "off" (toString $dp.hardLimit) (eq (toString $dp.hardLimit) "false") }}
+hardLimit: {{ $hl | quote }}
+{{- if ne $hl "off" }}
+cgroupRoot: {{ trimSuffix "/" $dp.cgroupRoot }}
+{{- end }}
 healthCheck: {{ $dp.healthCheck }}
 {{- if $dp.mps }}
 mps: true
@@ -210,6 +216,11 @@ memoryUnit: {{ .Values.memoryUnit }}
 deviceIdStrategy: {{ $d.deviceIdStrategy }}
 healthCheck: {{ $d.healthCheck }}
 unhealthy: {{ $d.unhealthy }}
+{{- $hl := ternary "off" (toString $d.hardLimit) (eq (toString $d.hardLimit) "false") }}
+hardLimit: {{ $hl | quote }}
+{{- if ne $hl "off" }}
+cgroupRoot: {{ trimSuffix "/" $d.cgroupRoot }}
+{{- end }}
 logLevel: {{ upper .Values.logLevel }}
 {{- end }}
 

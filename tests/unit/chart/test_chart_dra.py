@@ -169,9 +169,21 @@ def test_dra_daemonset_mounts_sockets_and_cdi(dra_docs: list[Obj]) -> None:
     probe = c["livenessProbe"]["exec"]["command"]
     assert f"{DEFAULT_DRA_PLUGIN_DIR}/{DRA_SOCKET_NAME}" in probe
     assert f"{DEFAULT_PLUGINS_REGISTRY_DIR}/{DRA_REGISTRATION_SOCKET_NAME}" in probe
+    # --hard-limit auto (the default): the host's cgroup tree at its own path, and SYS_ADMIN for NVML's limit calls
+    assert (args.hard_limit, args.cgroup_root) == ("auto", "/sys/fs/cgroup")
+    assert mounts["cgroup"] == host["cgroup"] == "/sys/fs/cgroup"
     sc = c["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["privileged"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]} and sc["privileged"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+
+
+def test_dra_hard_limit_off_adds_no_capability(helm: Any) -> None:
+    docs = h.render_chart(set_values={"mode": "dra", "dra.hardLimit": "off"}, kube_version="v1.36.3")
+    ds = h.one(docs, "DaemonSet")
+    c = h.container(ds, "dra-plugin")
+    assert share_dra_args(docs, ds).hard_limit == "off"
+    assert "cgroup" not in {m["name"] for m in c["volumeMounts"]}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def share_dra_args(docs: list[Obj], ds: Obj) -> Any:

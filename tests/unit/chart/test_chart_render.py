@@ -288,7 +288,9 @@ def test_daemonset_mounts_and_env(docs: list[Obj]) -> None:
     assert not mounts["device-plugins"].get("readOnly")
     hostpaths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mps = [v["hostPath"]["path"] for v in spec["volumes"] if v["name"].startswith("mps")]
-    assert len(hostpaths - set(mps)) == 2, "nothing else of the host is mounted (MPS: its own directories)"
+    # --hard-limit (on in both): the host's cgroup tree, at its own path (NVML takes the full path)
+    assert mounts["cgroup"]["mountPath"] == volumes["cgroup"]["hostPath"]["path"]
+    assert len(hostpaths - set(mps)) == 3, "nothing else of the host is mounted (MPS: its own directories)"
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
@@ -299,8 +301,32 @@ def test_daemonset_mounts_and_env(docs: list[Obj]) -> None:
 
 
 def test_daemonset_security_context_is_tight(default_docs: list[Obj], all_docs: list[Obj]) -> None:
-    for docs, caps in ((default_docs, {"drop": ["ALL"]}), (all_docs, {"drop": ["ALL"], "add": ["KILL"]})):
+    # --hard-limit (auto by default, cgroup in all-options) adds SYS_ADMIN: NVML sets cgroup limits as admin
+    for docs, caps in (
+        (default_docs, {"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
+        (all_docs, {"drop": ["ALL"], "add": ["KILL", "SYS_ADMIN"]}),
+    ):
         _tight(h.container(daemonset(docs), "device-plugin")["securityContext"], caps)
+
+
+@pytest.mark.parametrize("off", ["off", False], ids=["quoted", "yaml-false"])
+def test_hard_limit_off_adds_no_capability_and_no_cgroup_mount(helm: Any, off: object) -> None:
+    docs = h.render_chart(set_values={"devicePlugin.hardLimit": off}, kube_version=KUBE_VERSION)
+    from share_plugin.cli import build_parser
+
+    ds = daemonset(docs)
+    c = h.container(ds, "device-plugin")
+    assert h.program_args(docs, ds, "device-plugin", build_parser()).hard_limit == "off"
+    assert "cgroup" not in {v["name"] for v in pod_spec(ds)["volumes"]}
+    _tight(c["securityContext"], {"drop": ["ALL"]})
+
+
+def test_hard_limit_args_reach_share_plugin(all_docs: list[Obj], default_docs: list[Obj]) -> None:
+    from share_plugin.cli import build_parser
+
+    for docs, mode, root in ((default_docs, "auto", "/sys/fs/cgroup"), (all_docs, "cgroup", "/sys/fs/cgroup/unified")):
+        args = h.program_args(docs, daemonset(docs), "device-plugin", build_parser())
+        assert (args.hard_limit, args.cgroup_root) == (mode, root)
 
 
 def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
@@ -314,7 +340,7 @@ def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
 
 
 def _tight(sc: Obj, caps: Obj) -> None:
-    """Only --over-limit kill adds a capability, KILL, to signal other users' processes."""
+    """Only --over-limit kill adds KILL, to signal other users' processes, and --hard-limit SYS_ADMIN."""
     assert sc["privileged"] is False
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True
