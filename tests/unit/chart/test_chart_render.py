@@ -220,7 +220,7 @@ def test_kube_scheduler_rbac(docs: list[Obj]) -> None:
         if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and subject in d["subjects"]
     }
     extender_role = h.component(h.objects(docs, "ClusterRole"), "ClusterRole", "scheduler")["metadata"]["name"]
-    lease_role = h.one(docs, "Role")
+    lease_role = h.component(docs, "Role", "scheduler")
     assert bound == {
         ("ClusterRoleBinding", None, "ClusterRole", "system:kube-scheduler"),
         ("ClusterRoleBinding", None, "ClusterRole", "system:volume-scheduler"),

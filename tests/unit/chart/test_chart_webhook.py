@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.unit.chart import helm as h
@@ -81,7 +82,9 @@ def test_rbac_names_only_its_own_objects(helm: Any) -> None:
 def test_cert_manager_owns_the_certificate_when_asked(helm: Any) -> None:
     from share_webhook.cli import build_parser
 
-    docs = h.render_chart(set_values={**ON, "webhook.certManager.enabled": True})
+    with pytest.raises(h.HelmError, match="needs cert-manager"):
+        h.render_chart(set_values={**ON, "webhook.certManager.enabled": True})
+    docs = h.render_chart(set_values={**ON, "webhook.certManager.enabled": True}, api_versions=["cert-manager.io/v1"])
     cert = h.one(docs, "Certificate")
     assert cert["spec"]["secretName"] == "gpushare-webhook-tls"
     assert "gpushare-webhook.gpushare-system.svc" in cert["spec"]["dnsNames"]
