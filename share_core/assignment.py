@@ -14,7 +14,7 @@ from share_core.contract import (
     ANN_GPU_UUID,
     TERMINAL_PHASES,
 )
-from share_core.request import InvalidRequest
+from share_core.request import InvalidRequest, PodRequest, pod_request
 
 Pod = Mapping[str, Any]
 
@@ -32,6 +32,16 @@ class Assignment:
     @property
     def per_gpu(self) -> int:
         return self.total // len(self.gpu_indices)
+
+    def uuids_on(self, offered: Mapping[int, str]) -> list[str]:
+        """The assigned GPUs' UUIDs, in order: the annotation's, else the node's GPU at that index (an
+        older or hand-made assignment may name indices only); a GPU the node does not offer is left out."""
+        out = []
+        for i, idx in enumerate(self.gpu_indices):
+            uuid = (self.gpu_uuids[i] if i < len(self.gpu_uuids) else "") or offered.get(idx, "")
+            if uuid:
+                out.append(uuid)
+        return out
 
     def to_annotations(self) -> dict[str, str]:
         return {
@@ -79,6 +89,18 @@ def parse_assignment(annotations: Mapping[str, str] | None) -> Assignment | None
         raise InvalidRequest(f"annotation {ANN_ASSUME_TIME}={raw_time!r} is not nanoseconds") from exc
     assigned = str(annotations.get(ANN_ASSIGNED, "false")).strip().lower() == "true"
     return Assignment(indices, uuids, total, assume, assigned)
+
+
+def placed_request(pod: Pod) -> tuple[PodRequest, Assignment] | None:
+    """A pod gpushare placed: its request and its assignment; None for any other pod, or garbage."""
+    try:
+        request = pod_request(pod)
+        assignment = parse_assignment(pod_annotations(pod))
+    except InvalidRequest:
+        return None
+    if request is None or assignment is None:
+        return None
+    return request, assignment
 
 
 def pod_key(pod: Pod) -> str:

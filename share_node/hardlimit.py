@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
+from share_core.assignment import placed_request, pod_is_finished
 from share_core.contract import (
     HARD_LIMIT_CGROUP,
     HARD_LIMIT_MIN_DRIVER,
@@ -46,7 +46,6 @@ from share_core.contract import (
     HARD_LIMIT_OFF,
     MemoryUnit,
 )
-from share_core.request import InvalidRequest, pod_request
 
 log = logging.getLogger(__name__)
 
@@ -211,21 +210,14 @@ def pod_gpu_limits(pod: Mapping[str, Any], gpus: Sequence[tuple[int, str]], unit
     gpushare did not place, or one that finished."""
     if pod_is_finished(pod):
         return None
-    try:
-        request = pod_request(pod)
-        assignment = parse_assignment(pod_annotations(pod))
-    except InvalidRequest:
+    placed = placed_request(pod)
+    if placed is None:
         return None
-    if request is None or assignment is None:
-        return None
-    by_index = dict(gpus)
+    request, assignment = placed
     per_gpu = request.total * unit.mib // len(assignment.gpu_indices) * MIB
     out: dict[str, int] = {}
-    for i, idx in enumerate(assignment.gpu_indices):
-        uuid = assignment.gpu_uuids[i] if i < len(assignment.gpu_uuids) and assignment.gpu_uuids[i] else None
-        uuid = uuid or by_index.get(idx)
-        if uuid:
-            out[uuid] = out.get(uuid, 0) + per_gpu
+    for uuid in assignment.uuids_on(dict(gpus)):
+        out[uuid] = out.get(uuid, 0) + per_gpu
     return out
 
 

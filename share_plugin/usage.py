@@ -18,10 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
+from share_core.assignment import placed_request, pod_is_finished
 from share_core.contract import MemoryUnit
 from share_core.gpuusage import UsageSummary
-from share_core.request import InvalidRequest, pod_request
 from share_node.backend import GpuReading
 from share_node.hardlimit import Limits
 from share_plugin.cgroups import CgroupRef, status_container_id
@@ -105,18 +104,11 @@ def container_limits(
     `gpus` are the node's offered GPUs as (index, uuid). The limit matches the env Allocate gave
     (matcher.container_env): the container's units over the pod's GPU count, on the assigned GPUs only.
     """
-    try:
-        request = pod_request(pod)
-        assignment = parse_assignment(pod_annotations(pod))
-    except InvalidRequest:
+    placed = placed_request(pod)
+    if placed is None:
         return None
-    if request is None or assignment is None:
-        return None
-    by_index = dict(gpus)
-    assigned = {
-        (assignment.gpu_uuids[i] if i < len(assignment.gpu_uuids) and assignment.gpu_uuids[i] else by_index.get(idx))
-        for i, idx in enumerate(assignment.gpu_indices)
-    }
+    request, assignment = placed
+    assigned = set(assignment.uuids_on(dict(gpus)))
     count = len(assignment.gpu_indices)
     out: dict[str, dict[str, int]] = {}
     for c in request.containers:
