@@ -1,10 +1,14 @@
-"""Extender latency and memory at scale: 5,000 nodes x 8 GPUs, 40,000 running pods.
+"""Extender latency and memory at scale: 5,000 nodes x 8 GPUs, 40,000 running GPU pods and 20,000
+running CPU-only pods, every pod with CPU and memory requests, every node with allocatable CPU, memory
+and pods (the extender sees the whole node, issue 31).
 
 Prints filter / prioritize / bind latency (p50, p99) through the Flask app (JSON in and out, as
-kube-scheduler calls it with nodeCacheCapable: NodeNames of all 5,000 nodes), and the process RSS
-with the cache built. By default each round is one scheduling cycle of a new pod (the cluster changes
-between rounds); --no-churn repeats one pod on an unchanged cluster.
-Run: python bench/bench_extender.py [--nodes N --gpus G --pods P --rounds R --policy binpack|frag] [--no-churn]
+kube-scheduler calls it with nodeCacheCapable: NodeNames of all 5,000 nodes), filter apart for GPU
+pods, CPU-only pods of a size seen before and pods of a new size (a CPU request no pod had: no memo
+holds it), the time to build the cache from the lists (the extender's time to ready, in process) and
+the process RSS with the cache built. By default each round is one scheduling cycle of a new pod (the
+cluster changes between rounds); --no-churn repeats one pod on an unchanged cluster.
+Run: python bench/bench_extender.py [--nodes N --gpus G --pods P --cpu-pods C --rounds R --policy binpack|frag]
 """
 
 from __future__ import annotations
@@ -35,20 +39,32 @@ def rss_mib() -> float:
     return float("nan")
 
 
+HOST = {"cpu": "128", "memory": "1Ti", "pods": "110"}  # a kubelet's allocatable beside the GPUs
+CPUS = ["250m", "500m", "1", "2", "4", "8"]  # the CPU requests pods make (a few sizes, as replicas repeat them)
+MEMS = ["512Mi", "1Gi", "4Gi", "8Gi", "16Gi"]
+
+
 def node(name: str, gpus: int, mem: int) -> dict:
     items = [{"index": i, "uuid": f"GPU-{name}-{i}", "model": "NVIDIA A100-SXM4-80GB", "memory": mem, "healthy": True}
              for i in range(gpus)]  # fmt: skip
+    res = {RESOURCE_MEM: str(gpus * mem), **HOST}
     return {"metadata": {"name": name, "annotations": {ANN_NODE_GPUS: json.dumps(items)}},
-            "status": {"capacity": {RESOURCE_MEM: str(gpus * mem)}}}  # fmt: skip
+            "status": {"capacity": res, "allocatable": res}}  # fmt: skip
 
 
-def pod(name: str, mem: int, node_name: str | None = None, gpu: int | None = None) -> dict:
+def pod(
+    name: str, mem: int, node_name: str | None = None, gpu: int | None = None, cpu: str = "1", memory: str = "1Gi"
+) -> dict:
+    """A pod asking `mem` GPU units (0: a CPU-only pod) and `cpu`, `memory`."""
     ann = {}
     if node_name is not None and gpu is not None:
         ann = Assignment((gpu,), (f"GPU-{node_name}-{gpu}",), mem, time.time_ns(), True).to_annotations()
+    limits = {RESOURCE_MEM: str(mem)} if mem else {}
     p = {
         "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": ann},
-        "spec": {"containers": [{"name": "c", "resources": {"limits": {RESOURCE_MEM: str(mem)}}}]},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": cpu, "memory": memory}}}]
+        },
         "status": {"phase": "Running" if node_name else "Pending"},
     }
     if node_name:
@@ -67,6 +83,7 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--gpu-mem", type=int, default=80)
     ap.add_argument("--pods", type=int, default=40000)
+    ap.add_argument("--cpu-pods", type=int, default=20000, help="running pods that ask no GPU (default 20000)")
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--binds", type=int, default=500)
     ap.add_argument("--policy", default="binpack")
@@ -95,7 +112,9 @@ def main() -> int:
         if mem <= 0:
             continue
         free[(n, g)] -= mem
-        running.append(pod(f"run-{i}", mem, n, g))
+        running.append(pod(f"run-{i}", mem, n, g, rng.choice(CPUS), rng.choice(MEMS)))
+    for i in range(a.cpu_pods):
+        running.append(pod(f"cpu-{i}", 0, rng.choice(names), None, rng.choice(CPUS), rng.choice(MEMS)))
     cache.replace_pods(running)
     build_s = time.perf_counter() - t0
     del running, free
@@ -112,26 +131,36 @@ def main() -> int:
         assert resp.status_code == 200, resp.data[:200]
         return elapsed, resp.data
 
-    gpu_pod = pod("want", 8)
+    gpu_pod = pod("want", 8, cpu="2", memory="8Gi")
     body = orjson.dumps({"Pod": gpu_pod, "Nodes": None, "NodeNames": names})
     for verb in ("filter", "prioritize"):
         post(verb, body)  # warm up
     times: dict[str, list[float]] = {"filter": [], "prioritize": [], "bind": []}
+    kinds: dict[str, list[float]] = {"GPU pod": [], "CPU-only pod": [], "new size": []}
     passed = 0
     for r in range(a.rounds):
+        kind = "GPU pod"
         if a.churn:
             # A scheduling cycle as kube-scheduler runs it: a new pod appears (the watch shows it;
-            # workload-aware policies observe it), filter, prioritize, bind it to the best node.
-            new = pod(f"cycle-{r}", sizes[r % len(sizes)])
+            # workload-aware policies observe it), filter, prioritize, bind it to the best node. Every
+            # third a CPU-only pod; every fifth a size no pod asked before (a CPU request of its own).
+            gpu_mem = 0 if r % 3 == 2 else sizes[r % len(sizes)]
+            kind = "CPU-only pod" if gpu_mem == 0 else "GPU pod"
+            cpu = rng.choice(CPUS)
+            if r % 5 == 4:
+                cpu, kind = f"{1000 + 7 * r}m", "new size"
+            new = pod(f"cycle-{r}", gpu_mem, cpu=cpu, memory=rng.choice(MEMS))
             kube.add_pod(new)
             cache.upsert_pod(new)
             body = orjson.dumps({"Pod": new, "Nodes": None, "NodeNames": names})
-        # prioritize first (with filterKeeps fitting it comes after filter; here it must not see the
-        # hold filter takes when it leaves one node), then filter, then bind where filter pointed.
-        elapsed, _ = post("prioritize", body)
-        times["prioritize"].append(elapsed)
+        # filter first, as kube-scheduler calls it (with the chart's filterKeeps best it is the only
+        # call before bind: its time is the pod's own, no memo filled for it by another verb), then
+        # prioritize (it reuses what filter memoised), then bind where filter pointed.
         elapsed, data = post("filter", body)
         times["filter"].append(elapsed)
+        kinds[kind].append(elapsed)
+        elapsed, _ = post("prioritize", body)
+        times["prioritize"].append(elapsed)
         kept = orjson.loads(data)["NodeNames"]
         passed = len(kept)
         if a.churn:
@@ -150,12 +179,17 @@ def main() -> int:
         times["bind"].append(time.perf_counter() - t)
         assert resp.status_code == 200 and resp.get_json()["Error"] == "", resp.get_json()
 
-    print(f"cluster: {a.nodes} nodes x {a.gpus} GPUs x {a.gpu_mem} GiB, {len(cache._pods)} running pods; "
+    print(f"cluster: {a.nodes} nodes x {a.gpus} GPUs x {a.gpu_mem} GiB, {len(cache._pods)} running pods "
+          f"({a.cpu_pods} CPU-only); "
           f"policy {a.policy}; {'churn' if a.churn else 'no churn'}; cache built in {build_s:.1f}s")  # fmt: skip
     print(f"NodeNames per request: {len(names)}; nodes filter kept (the policy's best): {passed}")
     for verb, xs in times.items():
         print(f"{verb:<10} n={len(xs):<4} p50 {pct(xs, 0.5):8.2f} ms   p99 {pct(xs, 0.99):8.2f} ms   "
               f"mean {statistics.fmean(xs) * 1000:8.2f} ms")  # fmt: skip
+    for kind, xs in kinds.items():
+        if xs:
+            print(f"  filter, {kind:<13} n={len(xs):<4} p50 {pct(xs, 0.5):8.2f} ms   p99 {pct(xs, 0.99):8.2f} ms   "
+                  f"max {max(xs) * 1000:8.2f} ms")  # fmt: skip
     print(f"RSS: {built:.0f} MiB with the cache built (interpreter and imports: {base:.0f} MiB; "
           f"cache: {built - base:.0f} MiB); now {rss_mib():.0f} MiB")  # fmt: skip
     return 0

@@ -17,6 +17,7 @@ as runs before 2026-11-23 did); kube-scheduler with a client certificate, as kub
   python bench/bench_throughput.py --nodes 5000 --qps 1000
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
+  python bench/bench_throughput.py --cpu-share 0.1335     # mixed: openb's share of CPU-only pods
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
   python bench/bench_throughput.py --pace 20 --pods 400 --policies binpack --qps 1000 --rounds 3 \
       --go-extender /work/goorig/bin/gpushare-sche-extender   # side by side with the Go original
@@ -77,6 +78,11 @@ NAMESPACE = "bench"
 EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
 ALONE = "bench-alone"
 SIZES = (1, 2, 2, 4, 4, 8)  # GiB per pod, drawn at random (seeded)
+# The mixed workload (--cpu-share): openb's default trace has 1,088 CPU-only pods of 8,152 (13.35 %).
+# Every pod of the mixed workload asks CPU and memory; a CPU-only pod asks no GPU (size 0) and, with
+# no managedResources in our configuration, goes through the extender like every pod of the profile.
+OPENB_CPU_SHARE = 1088 / 8152
+HOST_REQUESTS = {"cpu": "500m", "memory": "1Gi"}
 
 # The Go original's names (its pkg/utils/const.go), used only by the --go-extender scenario.
 GO_RESOURCE_MEM = "aliyun.com/gpu-mem"
@@ -160,7 +166,7 @@ def pod_body(
     """`resources`: the GPU-memory resource names the pod asks `mem` of (ours, the Go original's, or
     both for a running pod both extenders must count); a bound pod gets each one's annotations."""
     pod = gpu_pod(NAMESPACE, name, scheduler, mem)
-    pod["spec"]["containers"][0]["resources"]["limits"] = {r: str(mem) for r in resources}
+    pod["spec"]["containers"][0]["resources"]["limits"] = {r: str(mem) for r in resources} if mem else {}
     if node is not None:  # already bound, with its GPU recorded (a cluster that is running)
         pod["spec"]["nodeName"] = node
         ann: dict[str, str] = {}
@@ -591,9 +597,17 @@ def capture_pprof(cp: ControlPlane, scheduler_port: int, label: str) -> None:
 
 
 def run_scenario(
-    sc: Scenario, cp: ControlPlane, admin: ApiServerClient, pods: int, workdir: Path, seed: int, pace: float = 0
+    sc: Scenario,
+    cp: ControlPlane,
+    admin: ApiServerClient,
+    pods: int,
+    workdir: Path,
+    seed: int,
+    pace: float = 0,
+    cpu_share: float = 0.0,
 ) -> dict[str, Any]:
-    """`pace` > 0: create pods at that rate (one at a time) instead of all at once."""
+    """`pace` > 0: create pods at that rate (one at a time) instead of all at once. `cpu_share` > 0: the
+    mixed workload, that share of the pods asking no GPU and every pod asking CPU and memory."""
     extender = None
     proxy = None
     url = "http://127.0.0.1:1"
@@ -607,10 +621,15 @@ def run_scenario(
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
+    if cpu_share > 0:
+        mixed = random.Random(seed + 1)
+        sizes = [0 if mixed.random() < cpu_share else size for size in sizes]
 
     def create(i: int) -> str:
         name = f"p{i:06d}"
         body = pod_body(name, sc.scheduler_name, sizes[i], resources=(sc.resource,))
+        if cpu_share > 0:
+            body["spec"]["containers"][0]["resources"]["requests"] = dict(HOST_REQUESTS)
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
         return name
 
@@ -811,6 +830,9 @@ def main() -> int:
     ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--cpu-share", type=float, default=0.0,
+                    help=f"the mixed workload: this share of pods asks no GPU, every pod asks CPU and memory "
+                    f"(openb's share: {OPENB_CPU_SHARE:.4f}; default 0, GPU pods only)")  # fmt: skip
     ap.add_argument("--pace", type=float, default=0, help="create pods at this rate (pods/s) instead of at once")
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
@@ -888,7 +910,7 @@ def main() -> int:
             for round_ in range(args.rounds):
                 round_results = []
                 for sc in round_order(scenarios, round_):
-                    r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed, args.pace)
+                    r = run_scenario(sc, cp, admin, args.pods, workdir, args.seed, args.pace, args.cpu_share)
                     r["round"] = round_
                     round_results.append(r)
                     print(f"# round {round_ + 1}: {sc.label} qps={sc.qps}: {r['pods_per_s']:.1f} pods/s",
@@ -898,7 +920,8 @@ def main() -> int:
                     r["ratio"] = r["pods_per_s"] / alone[r["qps"]] if r["qps"] in alone else float("nan")
                     results.append(r)
                     print(fmt_row(r, alone), flush=True)
-            print(f"\n# {args.nodes} nodes, {args.pods} pods; x = pods/s over kube-scheduler alone at that QPS"
+            mix = f" ({args.cpu_share:.2%} CPU-only)" if args.cpu_share else ""
+            print(f"\n# {args.nodes} nodes, {args.pods} pods{mix}; x = pods/s over kube-scheduler alone at that QPS"
                   + (f" in the same round; medians over {args.rounds} rounds" if args.rounds > 1 else ""))  # fmt: skip
             for row in summarise(results) if args.rounds > 1 else results:
                 print(fmt_row(row, {}))

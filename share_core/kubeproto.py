@@ -103,10 +103,11 @@ def binding_body(namespace: str, name: str, uid: str, node: str, annotations: Ma
 # watch stream (`;stream=watch`) is frames of a 4-byte big-endian length and a meta/v1 WatchEvent
 # {type = 1, object = 2: RawExtension{raw = 1}}, raw being the envelope above around the object.
 #
-# Only what gpushare's cache reads of a pod is decoded (share_scheduler/cache.py: pod_record and
-# pod_request), by the protobuf runtime (upb, in C) against a schema trimmed to those fields, built
-# here at import from the upstream field numbers (fields it lacks are skipped by the parser). The
-# result is a pod dict in the API's JSON shape holding only those fields: a "slim" pod.
+# Only what gpushare's cache reads of a pod is decoded (share_scheduler/cache.py: pod_record,
+# pod_request and share_core.podresources' CPU and memory), by the protobuf runtime (upb, in C)
+# against a schema trimmed to those fields, built here at import from the upstream field numbers
+# (fields it lacks are skipped by the parser). The result is a pod dict in the API's JSON shape
+# holding only those fields: a "slim" pod.
 
 WATCH_CONTENT_TYPE = "application/vnd.kubernetes.protobuf;stream=watch"
 
@@ -170,7 +171,10 @@ def _watch_messages() -> dict[str, Any]:
             ("nodeName", 10, s, "", False),
             ("schedulerName", 19, s, "", False),
             ("initContainers", 20, m, "Container", True),
+            ("overhead", 32, m, "PodSpec.OverheadEntry", True),
+            ("resources", 40, m, "Resources", False),
         ],
+        (("OverheadEntry", m, "Quantity"),),
     )
     message(
         "Container",
@@ -182,7 +186,29 @@ def _watch_messages() -> dict[str, Any]:
         (("LimitsEntry", m, "Quantity"), ("RequestsEntry", m, "Quantity")),
     )
     message("Quantity", [("string", 1, s, "", False)])
-    message("PodStatus", [("phase", 1, s, "", False)])
+    # What in-place resize changes (share_core.podresources mirrors how kube-scheduler reads it).
+    message(
+        "PodStatus",
+        [
+            ("phase", 1, s, "", False),
+            ("conditions", 2, m, "PodCondition", True),
+            ("containerStatuses", 8, m, "ContainerStatus", True),
+            ("initContainerStatuses", 10, m, "ContainerStatus", True),
+            ("allocatedResources", 19, m, "PodStatus.AllocatedResourcesEntry", True),
+            ("resources", 20, m, "Resources", False),
+        ],
+        (("AllocatedResourcesEntry", m, "Quantity"),),
+    )
+    message("PodCondition", [("type", 1, s, "", False), ("reason", 5, s, "", False)])
+    message(
+        "ContainerStatus",
+        [
+            ("name", 1, s, "", False),
+            ("allocatedResources", 10, m, "ContainerStatus.AllocatedResourcesEntry", True),
+            ("resources", 11, m, "Resources", False),
+        ],
+        (("AllocatedResourcesEntry", m, "Quantity"),),
+    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     names = ("WatchEvent", "Unknown", "Pod", "Status")
@@ -203,21 +229,24 @@ def prepare() -> None:
     _parsers()
 
 
+def _resources(r: Any) -> dict[str, Any]:
+    """A ResourceRequirements; an empty map is left out, as Go's protobuf decoding leaves it nil."""
+    out: dict[str, Any] = {}
+    if r.limits:
+        out["limits"] = {k: q.string for k, q in r.limits.items()}
+    if r.requests:
+        out["requests"] = {k: q.string for k, q in r.requests.items()}
+    return out
+
+
 def _container(c: Any) -> dict[str, Any]:
-    r = c.resources
-    out: dict[str, Any] = {
-        "name": c.name,
-        "resources": {
-            "limits": {k: q.string for k, q in r.limits.items()},
-            "requests": {k: q.string for k, q in r.requests.items()},
-        },
-    }
+    out: dict[str, Any] = {"name": c.name, "resources": _resources(c.resources)}
     if c.restartPolicy:
         out["restartPolicy"] = c.restartPolicy
     return out
 
 
-_CONTAINER_KEYS = frozenset(("containers", "initContainers"))
+_CONTAINER_KEYS = frozenset(("containers", "initContainers", "overhead", "resources"))
 
 
 class SlimSpec(dict[str, Any]):
@@ -235,6 +264,10 @@ class SlimSpec(dict[str, Any]):
         if message is not None:
             dict.__setitem__(self, "containers", [_container(c) for c in message.containers])
             dict.__setitem__(self, "initContainers", [_container(c) for c in message.initContainers])
+            if message.overhead:
+                dict.__setitem__(self, "overhead", {k: q.string for k, q in message.overhead.items()})
+            if message.HasField("resources"):
+                dict.__setitem__(self, "resources", _resources(message.resources))
 
     def get(self, key: str, default: Any = None) -> Any:
         if key in _CONTAINER_KEYS:
@@ -295,9 +328,30 @@ def slim_pod(message: Any) -> dict[str, Any]:
     if m.annotations:
         meta["annotations"] = dict(m.annotations)
     pod = {"metadata": meta, "spec": SlimSpec(message.spec)}
-    if message.status.phase:
-        pod["status"] = {"phase": message.status.phase}
+    st = message.status
+    status: dict[str, Any] = {"phase": st.phase} if st.phase else {}
+    if st.conditions:
+        status["conditions"] = [{"type": c.type, "reason": c.reason} for c in st.conditions]
+    for field in ("containerStatuses", "initContainerStatuses"):
+        statuses = getattr(st, field)
+        if statuses:
+            status[field] = [_container_status(cs) for cs in statuses]
+    if st.allocatedResources:
+        status["allocatedResources"] = {k: q.string for k, q in st.allocatedResources.items()}
+    if st.HasField("resources"):
+        status["resources"] = _resources(st.resources)
+    if status:
+        pod["status"] = status
     return pod
+
+
+def _container_status(cs: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": cs.name}
+    if cs.allocatedResources:
+        out["allocatedResources"] = {k: q.string for k, q in cs.allocatedResources.items()}
+    if cs.HasField("resources"):
+        out["resources"] = _resources(cs.resources)
+    return out
 
 
 def decode_watch_event(frame: bytes) -> tuple[str, dict[str, Any]]:

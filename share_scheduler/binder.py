@@ -29,11 +29,11 @@ from share_core.assignment import Assignment, parse_assignment, pod_annotations,
 from share_core.contract import EVENT_BIND_FAILED, EVENT_GPU_ASSIGNED, MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import Conflict, KubeClient, KubeError, NotFound, Unavailable
-from share_core.request import InvalidRequest, PodRequest
+from share_core.request import InvalidRequest, PodRequest, pod_request
 from share_placement import Demand, Policy
 from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import BadRequest, pod_demand, unfit_reason
-from share_scheduler.nodes import Contribution, demand_of
+from share_scheduler.nodes import Contribution
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ class Binder:
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self.policy_lock = threading.Lock()  # policies need not be thread-safe
-        # PodUID -> (namespace/name, request) as filter saw it; pod resources are immutable.
-        self._seen: TTLCache[str, tuple[str, PodRequest]] = TTLCache(maxsize=SEEN_LIMIT, ttl=SEEN_TTL)
+        # PodUID -> (namespace/name, GPU request, demand) as filter saw it; a pending pod's resources do
+        # not change (an in-place resize applies to bound pods only).
+        self._seen: TTLCache[str, tuple[str, PodRequest | None, Demand]] = TTLCache(maxsize=SEEN_LIMIT, ttl=SEEN_TTL)
         self._seen_lock = threading.Lock()
 
     def _node_lock(self, node: str) -> threading.Lock:
@@ -116,21 +117,22 @@ class Binder:
                 lock = self._locks[node] = threading.Lock()
             return lock
 
-    def remember(self, pod: Mapping[str, Any], request: PodRequest) -> None:
-        """Filter saw this pod ask for `request`: its bind need not read the pod again."""
+    def remember(self, pod: Mapping[str, Any], request: PodRequest | None, demand: Demand) -> None:
+        """Filter saw this pod ask for `request` (None: no GPU) and `demand`: its bind need not read the
+        pod again."""
         uid = _uid(pod)
         if uid:
             with self._seen_lock:
-                self._seen[uid] = (_key(pod), request)
+                self._seen[uid] = (_key(pod), request, demand)
 
-    def _recall(self, args: BindArgs) -> PodRequest | None:
+    def _recall(self, args: BindArgs) -> tuple[PodRequest | None, Demand] | None:
         if not args.uid:
             return None
         with self._seen_lock:
             seen = self._seen.get(args.uid)
         if seen is None or seen[0] != args.key:
             return None
-        return seen[1]
+        return seen[1], seen[2]
 
     def bind(self, args: BindArgs) -> str:
         """Bind the pod; returns a human summary. Raises BindError."""
@@ -149,8 +151,8 @@ class Binder:
         return summary
 
     def _bind(self, args: BindArgs) -> str:
-        request = self._recall(args)
-        if request is None:
+        recalled = self._recall(args)
+        if recalled is None:
             pod = self._read_pod(args)
             if not args.uid:
                 args = replace(args, uid=_uid(pod))  # the Binding's UID precondition, from what we read
@@ -158,16 +160,11 @@ class Binder:
             if bound_to:
                 return self._already_bound(args, pod, None)
             try:
-                wanted = pod_demand(pod)
+                request, demand = pod_demand(pod)
             except InvalidRequest as exc:
                 raise BindError(f"pod {args.key}: {exc}", "invalid_request") from exc
-            if wanted is None:
-                # Not a GPU-sharing pod: bind it like the default binder would.
-                self._plain_binding(args)
-                return f"bound to node {args.node} (no {self.unit.value} of GPU memory requested)"
-            request, demand = wanted
         else:
-            demand = demand_of(request)
+            request, demand = recalled
         assignment, summary = self._reserve(args, request, demand)
         self._bind_with(args, assignment)
         return summary
@@ -191,13 +188,14 @@ class Binder:
                 chosen = self.policy.choose(snap.state, demand)
             if chosen is None:
                 return False
-            self.cache.hold(key, uid, Contribution(node, chosen, demand.per_gpu))
+            self.cache.hold(key, uid, Contribution(node, chosen, demand.per_gpu, demand.cpu, demand.memory))
             return True
 
-    def _reserve(self, args: BindArgs, request: PodRequest, demand: Demand) -> tuple[Assignment, str]:
+    def _reserve(self, args: BindArgs, request: PodRequest | None, demand: Demand) -> tuple[Assignment | None, str]:
         """Choose under the node's lock and count the choice before the lock is released.
 
-        A hold filter made for this pod on this node is the choice (it is already counted)."""
+        A hold filter made for this pod on this node is the choice (it is already counted). A pod that
+        asks no GPU gets no assignment: its CPU and memory are counted, its Binding is the plain one."""
         with self._node_lock(args.node):
             held = self.cache.assumption(args.key)
             if (
@@ -207,6 +205,7 @@ class Binder:
                 and held.contribution.node == args.node
                 and held.contribution.per_gpu == demand.per_gpu
                 and len(held.contribution.indices) == demand.count
+                and (held.contribution.cpu, held.contribution.memory) == (demand.cpu, demand.memory)
             ):
                 chosen = held.contribution.indices
                 snap = self.cache.node_snapshot(args.node)
@@ -224,7 +223,11 @@ class Binder:
                 if chosen is None:
                     reason = unfit_reason(snap, demand, self.unit)[0]
                     raise BindError(f"pod {args.key} no longer fits on node {args.node}: {reason}", "no_fit")
-            self.cache.assume(args.key, args.uid, Contribution(args.node, chosen, demand.per_gpu))
+            self.cache.assume(
+                args.key, args.uid, Contribution(args.node, chosen, demand.per_gpu, demand.cpu, demand.memory)
+            )
+        if request is None:
+            return None, f"bound to node {args.node} (no GPU asked; {demand.cpu}m CPU, {demand.memory} bytes counted)"
         uuid_of = {g.index: g.uuid for g in snap.gpus}
         uuids = tuple(uuid_of.get(i, "") for i in chosen)
         total = {g.index: g.memory for g in snap.gpus}
@@ -232,10 +235,12 @@ class Binder:
         assignment = Assignment(chosen, uuids, request.total, self._clock_ns(), assigned=False)
         return assignment, f"assigned {gpus} on {args.node}"
 
-    def _bind_with(self, args: BindArgs, assignment: Assignment) -> None:
-        """One API call; on failure forget the reservation (nothing was written to the pod)."""
+    def _bind_with(self, args: BindArgs, assignment: Assignment | None) -> None:
+        """One API call; on failure forget the reservation (nothing was written to the pod). No
+        assignment (a pod that asks no GPU): the plain Binding, as kube-scheduler's DefaultBinder."""
         try:
-            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, assignment.to_annotations())
+            annotations = assignment.to_annotations() if assignment is not None else None
+            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, annotations)
             return
         except Unavailable as exc:
             # Timeout or 5xx: the Binding may have been created. Ask before forgetting anything.
@@ -276,10 +281,10 @@ class Binder:
             raise BindError(
                 f"pod {args.key} has UID {_uid(pod)}, not {args.uid}: it was deleted and re-created", "uid_mismatch"
             ) from cause
-        if bound_to == args.node and self._has_assignment(pod):
+        if bound_to == args.node and (self._has_assignment(pod) or not self._asks_gpu(pod)):
             # The API server's version wins over any reservation of ours (the watch would say the same).
             self.cache.upsert_pod(pod)
-            return f"already bound to node {args.node} with its GPU assignment (nothing to do)"
+            return f"already bound to node {args.node} with what it asked (nothing to do)"
         self.cache.forget(args.key)
         raise BindError(f"pod {args.key} is already bound to node {bound_to}", "already_bound") from cause
 
@@ -315,11 +320,12 @@ class Binder:
         except InvalidRequest:
             return False
 
-    def _plain_binding(self, args: BindArgs) -> None:
+    @staticmethod
+    def _asks_gpu(pod: Mapping[str, Any]) -> bool:
         try:
-            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node)
-        except KubeError as exc:
-            raise BindError(f"could not bind pod {args.key} to node {args.node}: {exc}", _reason(exc)) from exc
+            return pod_request(pod) is not None
+        except InvalidRequest:
+            return True
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""The extender's view of the cluster: each node's GPUs and what is promised on each of them.
+"""The extender's view of the cluster: each node's GPUs and what is promised on each of them, and each
+node's allocatable CPU, memory and pod slots and what every pod bound there requests of them.
 
 Functional core, imperative shell: `pod_record` and `Contribution` turn API objects into plain facts,
 and `ClusterCache` keeps per-node *used* vectors that are updated incrementally as facts change, so
@@ -6,7 +7,9 @@ filter never walks pods (5,000 nodes x 8 GPUs with 40,000 pods must stay in mill
 
 Two sources of truth are merged:
 - the API server (list + watch): a pod counts on a GPU when it is bound to a node, carries our
-  assignment annotations and has not finished;
+  assignment annotations and has not finished; every bound pod that has not finished counts its CPU,
+  memory and one pod slot on its node, whoever scheduled it (share_core.podresources: as
+  kube-scheduler's NodeInfo counts it);
 - our own binds, which count *before* the API server shows them ("assumed" pods, in a TTLCache): from
   the moment bind chooses a GPU until the watch shows the pod bound, is rolled back, or the TTL expires
   (a Binding that never appeared); and filter's holds, which count a lone node's GPUs for a pod from
@@ -27,8 +30,9 @@ from cachetools import TTLCache
 from share_core.assignment import pod_is_finished, pod_key
 from share_core.contract import MemoryUnit
 from share_core.gpus import GpuInfo, node_gpus
-from share_core.request import InvalidRequest, PodRequest, pod_request
-from share_placement import NodeState, NodeView
+from share_core.podresources import node_allocatable, pod_host_request
+from share_core.request import InvalidRequest, pod_request
+from share_placement import Demand, NodeState, NodeView
 from share_scheduler.nodes import (
     Assumed,
     Contribution,
@@ -36,6 +40,7 @@ from share_scheduler.nodes import (
     NodeSnapshot,
     PodFacts,
     PodRecord,
+    demand_of,
     pod_record,
 )
 
@@ -55,7 +60,7 @@ class ClusterCache:
         unit: MemoryUnit = MemoryUnit.GiB,
         assume_ttl: float = DEFAULT_ASSUME_TTL,
         timer: Callable[[], float] = time.monotonic,
-        on_new_pod: Callable[[PodRequest], None] | None = None,
+        on_new_pod: Callable[[Demand], None] | None = None,
     ) -> None:
         self.unit = unit
         self._lock = threading.RLock()
@@ -82,8 +87,9 @@ class ClusterCache:
         self._largest_gpu = 0
         self._on_largest_gpu: Callable[[int], None] | None = None
 
-    def set_observer(self, on_new_pod: Callable[[PodRequest], None] | None) -> None:
-        """Called once per pod that asks for GPU memory (under the cache lock: keep it quick)."""
+    def set_observer(self, on_new_pod: Callable[[Demand], None] | None) -> None:
+        """Called once per pod with its demand, GPU or not (under the cache lock: keep it quick); a pod
+        whose GPU request is invalid is not reported."""
         with self._lock:
             self._on_new_pod = on_new_pod
 
@@ -138,6 +144,9 @@ class ClusterCache:
             pos = entry.position.get(index)
             if pos is not None:
                 entry.used[pos] += sign * c.per_gpu
+        entry.cpu += sign * c.cpu
+        entry.memory += sign * c.memory
+        entry.pods += sign
         entry.touch()
         self._changed(c.node)
 
@@ -199,12 +208,16 @@ class ClusterCache:
         if entry is None:
             return
         entry.used = [0] * len(entry.gpus)
+        entry.cpu = entry.memory = entry.pods = 0
         for key in self._by_node.get(name, ()):
             c = self._counted[key]
             for index in c.indices:
                 pos = entry.position.get(index)
                 if pos is not None:
                     entry.used[pos] += c.per_gpu
+            entry.cpu += c.cpu
+            entry.memory += c.memory
+            entry.pods += 1
         entry.touch()
         self._changed(name)
 
@@ -212,16 +225,24 @@ class ClusterCache:
 
     def _node_entry(self, node: Mapping[str, Any]) -> NodeEntry:
         name = str((node.get("metadata") or {}).get("name") or "")
+        allocatable = node_allocatable(node)
+        if allocatable.problem:
+            log.warning("node %s: allocatable counted as 0 where unreadable: %s", name, allocatable.problem)
         try:
-            return NodeEntry.build(name, node_gpus(node))
+            return NodeEntry.build(name, node_gpus(node), allocatable=allocatable)
         except InvalidRequest as exc:
             log.warning("node %s: ignoring its GPUs: %s", name, exc)
-            return NodeEntry.build(name, (), problem=str(exc))
+            return NodeEntry.build(name, (), problem=str(exc), allocatable=allocatable)
 
     def _set_node_locked(self, node: Mapping[str, Any]) -> None:
         entry = self._node_entry(node)
         old = self._nodes.get(entry.name)
-        if old is not None and old.gpus == entry.gpus and old.problem == entry.problem:
+        if (
+            old is not None
+            and old.gpus == entry.gpus
+            and old.problem == entry.problem
+            and old.allocatable == entry.allocatable
+        ):
             return
         self._nodes[entry.name] = entry
         self._count_gpus(old.gpus if old is not None else (), -1)
@@ -261,23 +282,28 @@ class ClusterCache:
     def facts(self, pod: Mapping[str, Any]) -> PodFacts:
         """Everything the cache keeps of a pod, parsed outside the lock; the dict can then go."""
         record = pod_record(pod)
-        request: PodRequest | None = None
+        demand: Demand | None = None
         if self._on_new_pod is not None and (record.uid or record.key) not in self._seen_requests:
             try:
                 request = pod_request(pod)
             except InvalidRequest:
-                request = None
-        return PodFacts(record, pod_is_finished(pod), request)
+                pass
+            else:
+                c = record.contribution
+                host = (c.cpu, c.memory) if c is not None else pod_host_request(pod)[:2]
+                demand = demand_of(request, *host)
+        return PodFacts(record, pod_is_finished(pod), demand)
 
     def _note_request(self, facts: PodFacts) -> None:
-        """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive)."""
-        if self._on_new_pod is None or facts.request is None:
+        """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive):
+        every pod, as share-sim teaches its policy every pod of the trace, CPU-only ones included."""
+        if self._on_new_pod is None or facts.demand is None:
             return
         ident = facts.record.uid or facts.record.key
         if ident in self._seen_requests:
             return
         self._seen_requests.add(ident)
-        self._on_new_pod(facts.request)
+        self._on_new_pod(facts.demand)
 
     def _set_pod_locked(self, facts: PodFacts) -> None:
         record = facts.record
@@ -438,6 +464,13 @@ class ClusterCache:
             self._expire()
             return {name: {g.index: u for g, u in zip(e.gpus, e.used, strict=True)} for name, e in self._nodes.items()}
 
+    def host_usage(self) -> dict[str, tuple[int, int, int]]:
+        """node -> (CPU millicores, memory bytes, pods) requested there (what the fault tests compare with
+        a fresh list counted by share_core.podresources)."""
+        with self._lock:
+            self._expire()
+            return {name: (e.cpu, e.memory, e.pods) for name, e in self._nodes.items()}
+
     def snapshot(self, node: str | None = None) -> dict[str, Any]:
         """The /inspect view: per node, per GPU, who holds what; pods chosen but not yet bound."""
         with self._lock:
@@ -481,6 +514,14 @@ class ClusterCache:
                     "total": sum(g.memory for g in entry.gpus),
                     "allocated": sum(entry.used),
                     "gpus": gpus,
+                    "host": {
+                        "allocatable": {
+                            "cpu": f"{entry.allocatable.cpu}m",
+                            "memory": str(entry.allocatable.memory),
+                            "pods": entry.allocatable.pods,
+                        },
+                        "requested": {"cpu": f"{entry.cpu}m", "memory": str(entry.memory), "pods": entry.pods},
+                    },
                 }
                 if entry.problem:
                     item["problem"] = entry.problem
@@ -494,7 +535,9 @@ class ClusterCache:
                         "memory": a.contribution.per_gpu * len(a.contribution.indices),
                     }
                     for key, a in self._assumed.items()
-                    if self._counted.get(key) == a.contribution and not (self._pods.get(key) and self._pods[key].node)
+                    if self._counted.get(key) == a.contribution
+                    and a.contribution.indices
+                    and not (self._pods.get(key) and self._pods[key].node)
                 ),
                 key=lambda p: p["pod"],
             )

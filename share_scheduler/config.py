@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from share_core.contract import EXTENDER_DEFAULT_PORT, EXTENDER_PREFIX, RESOURCE_MEM, SCHEDULER_NAME
+from share_core.contract import EXTENDER_DEFAULT_PORT, EXTENDER_PREFIX, SCHEDULER_NAME
 
 DEFAULT_EXTENDER_URL = f"http://127.0.0.1:{EXTENDER_DEFAULT_PORT}{EXTENDER_PREFIX}"
 
@@ -70,9 +70,11 @@ def scheduler_config(
                 "httpTimeout": HTTP_TIMEOUT,
                 # Node names only: the extender has its own node cache (5,000 full nodes are tens of MB).
                 "nodeCacheCapable": True,
-                # Only pods asking for GPU memory reach the extender; kube-scheduler still checks the
-                # node-level capacity of the resource itself (ignoredByScheduler false).
-                "managedResources": [{"name": RESOURCE_MEM, "ignoredByScheduler": False}],
+                # No managedResources: kube-scheduler's HTTPExtender.IsInterested (pkg/scheduler/extender.go)
+                # calls an extender without them for every pod of the profile, so pods that ask no GPU
+                # are placed by the policy too (it sees the whole node). kube-scheduler still checks the
+                # node capacity of nvidia.com/gpu-mem itself (NodeResourcesFit ignores only resources an
+                # extender lists with ignoredByScheduler).
                 # Not ignorable: without the extender no GPU is chosen, and a bound pod would lack its GPU.
                 "ignorable": False,
             }

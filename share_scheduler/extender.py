@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from share_core.contract import RESOURCE_MEM, MemoryUnit
+from share_core.podresources import pod_host_request
 from share_core.request import PodRequest, pod_request
 from share_placement import Demand, Policy, WorkloadTable, fits
 from share_placement import learns as policy_learns
@@ -187,14 +188,14 @@ def parse_extender_args(body: Any) -> ExtenderArgs:
     raise BadRequest("ExtenderArgs has neither NodeNames nor Nodes")
 
 
-def pod_demand(pod: Mapping[str, Any]) -> tuple[PodRequest, Demand] | None:
-    """The pod's request and placement demand; None if it does not ask for GPU memory.
+def pod_demand(pod: Mapping[str, Any]) -> tuple[PodRequest | None, Demand]:
+    """The pod's GPU request (None: it asks no GPU memory, a CPU-only pod) and its placement demand,
+    its own CPU and memory included (counted as kube-scheduler counts them).
 
     Raises InvalidRequest (the message names the problem)."""
     request = pod_request(pod)
-    if request is None:
-        return None
-    return request, demand_of(request)
+    host = pod_host_request(pod)
+    return request, demand_of(request, host.cpu, host.memory)
 
 
 def _fmt_free(entry: NodeSnapshot, unit: MemoryUnit) -> str:
@@ -206,6 +207,8 @@ def _fmt_free(entry: NodeSnapshot, unit: MemoryUnit) -> str:
 
 
 def _need(demand: Demand, unit: MemoryUnit) -> str:
+    if demand.count == 0:
+        return "pod needs no GPU"
     where = "on one GPU" if demand.count == 1 else f"on each of {demand.count} GPUs"
     text = f"pod needs {demand.per_gpu} {unit.value} {where}"
     if demand.models:
@@ -223,6 +226,13 @@ def _remember(snap: NodeSnapshot, key: Any, value: Any) -> Any:
 
 def node_fits(entry: NodeSnapshot, demand: Demand) -> bool:
     """Fast path over the snapshot's free vector; the placement module's `fits` is the reference."""
+    state = entry.state
+    if (state.cpu_free is not None and state.cpu_free < demand.cpu) or (
+        state.memory_free is not None and state.memory_free < demand.memory
+    ):
+        return False
+    if demand.count == 0:
+        return True
     if not demand.models:
         free = entry.free_desc
         return len(free) >= demand.count and free[demand.count - 1] >= demand.per_gpu
@@ -245,7 +255,26 @@ def unfit_reason(entry: NodeSnapshot, demand: Demand, unit: MemoryUnit) -> tuple
     return found
 
 
+def _host_reason(entry: NodeSnapshot, demand: Demand) -> tuple[str, bool] | None:
+    """NodeResourcesFit's reasons (fitsRequest), where the node's CPU, memory or pod slots fall short;
+    unresolvable when the request is over the node's allocatable."""
+    a, (cpu, memory, pods) = entry.allocatable, entry.requested
+    reasons, never = [], False
+    if pods + 1 > a.pods:
+        reasons.append(f"Too many pods ({pods} of {a.pods} allowed)")
+    if demand.cpu > 0 and demand.cpu > a.cpu - cpu:
+        reasons.append(f"Insufficient cpu (pod asks {demand.cpu}m; {cpu}m of {a.cpu}m requested)")
+        never = never or demand.cpu > a.cpu
+    if demand.memory > 0 and demand.memory > a.memory - memory:
+        reasons.append(f"Insufficient memory (pod asks {demand.memory}; {memory} of {a.memory} bytes requested)")
+        never = never or demand.memory > a.memory
+    return ("; ".join(reasons), never) if reasons else None
+
+
 def _unfit_reason(entry: NodeSnapshot, demand: Demand, unit: MemoryUnit) -> tuple[str, bool]:
+    host = _host_reason(entry, demand)
+    if host is not None:
+        return host
     if entry.problem:
         return f"node's {RESOURCE_MEM} inventory is unreadable: {entry.problem}", True
     if not entry.gpus:

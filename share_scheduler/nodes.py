@@ -1,5 +1,6 @@
-"""What the extender's cache is made of: plain facts about pods (what each contributes to which GPUs)
-and nodes (their GPUs, what is promised on each, the compact view placement scores).
+"""What the extender's cache is made of: plain facts about pods (what each contributes to which GPUs
+and to its node's CPU, memory and pod slots) and nodes (their GPUs and allocatable resources, what is
+promised of each, the compact view placement scores).
 
 Pure data and pure functions; `share_scheduler.cache.ClusterCache` keeps them current from the API
 server and from our own binds.
@@ -14,17 +15,21 @@ from typing import Any
 
 from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished, pod_key, pod_node
 from share_core.gpus import GpuInfo
+from share_core.podresources import Allocatable, pod_host_request
 from share_core.request import InvalidRequest, PodRequest
 from share_placement import Demand, GpuSlot, NodeState, NodeView, node_view
 
 
 @dataclass(frozen=True, slots=True)
 class Contribution:
-    """What one pod takes on one node: `per_gpu` units on each of `indices`."""
+    """What one pod takes on one node: `per_gpu` units on each of `indices` (none for a pod without a
+    GPU), `cpu` millicores, `memory` bytes and one pod slot, as kube-scheduler's NodeInfo counts it."""
 
     node: str
     indices: tuple[int, ...]
     per_gpu: int
+    cpu: int = 0
+    memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +39,19 @@ class PodRecord:
     key: str
     uid: str
     node: str
-    contribution: Contribution | None  # None: holds no GPU memory (no assignment, finished, unbound)
+    contribution: Contribution | None  # None: holds nothing (finished or unbound); a bound pod holds its host share
     assigned: bool = False
-    problem: str = ""  # garbage annotations we could not honour
+    problem: str = ""  # garbage annotations or quantities we could not honour
 
 
 @dataclass(frozen=True, slots=True)
 class PodFacts:
-    """A pod as the cache takes it in: its record, whether it finished, its request (only parsed when a
-    learning policy has not seen the pod yet)."""
+    """A pod as the cache takes it in: its record, whether it finished, its demand (only worked out when
+    a learning policy has not seen the pod yet)."""
 
     record: PodRecord
     finished: bool
-    request: PodRequest | None = None
+    demand: Demand | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +63,43 @@ class Assumed:
 
 
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
-    """Pure: what a pod from the API server holds. Unbound or finished pods hold nothing."""
+    """Pure: what a pod from the API server holds. Unbound or finished pods hold nothing; a bound one
+    holds its CPU, memory and a pod slot whoever scheduled it (kube-scheduler's cache counts every
+    assigned, non-terminal pod: DaemonSets, static pods, other schedulers' pods), and the GPUs of our
+    assignment where it carries one."""
     key = pod_key(pod)
     uid = str((pod.get("metadata") or {}).get("uid") or "")
     node = pod_node(pod)
     if not node or pod_is_finished(pod):
         return PodRecord(key, uid, node, None)
+    host = pod_host_request(pod)
+    problem = f"CPU/memory request: {host.problem}" if host.problem else ""
     try:
         assignment = parse_assignment(pod_annotations(pod))
     except InvalidRequest as exc:
-        return PodRecord(key, uid, node, None, problem=str(exc))
+        problem = f"{exc}; {problem}" if problem else str(exc)
+        assignment = None
     if assignment is None:
-        return PodRecord(key, uid, node, None)
+        return PodRecord(key, uid, node, Contribution(node, (), 0, host.cpu, host.memory), problem=problem)
     return PodRecord(
-        key, uid, node, Contribution(node, assignment.gpu_indices, assignment.per_gpu), assignment.assigned
+        key,
+        uid,
+        node,
+        Contribution(node, assignment.gpu_indices, assignment.per_gpu, host.cpu, host.memory),
+        assignment.assigned,
+        problem,
     )
 
 
-def demand_of(request: PodRequest) -> Demand:
-    return Demand(per_gpu=request.per_gpu, count=request.gpu_count, models=request.models)
+def demand_of(request: PodRequest | None, cpu: int = 0, memory: int = 0) -> Demand:
+    """The placement demand: the GPU request (None: a pod that asks no GPU, count 0) and the pod's
+    own CPU (millicores) and memory (bytes)."""
+    if request is None:
+        return Demand(per_gpu=0, count=0, cpu=cpu, memory=memory)
+    return Demand(per_gpu=request.per_gpu, count=request.gpu_count, models=request.models, cpu=cpu, memory=memory)
 
 
+NO_ALLOCATABLE = Allocatable(0, 0, 0)  # a node that reports none takes no pod (allowed pods 0)
 _view_ids = itertools.count(1)  # process-wide, never reused: a view id names one NodeView forever
 
 
@@ -101,6 +122,8 @@ class NodeSnapshot:
     view: NodeView
     view_id: int
     free_desc: tuple[int, ...]  # free units of the healthy GPUs, largest first (O(1) fits, any model)
+    allocatable: Allocatable = NO_ALLOCATABLE
+    requested: tuple[int, int, int] = (0, 0, 0)  # CPU millicores, memory bytes, pods bound here
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
 
@@ -113,12 +136,27 @@ class NodeEntry:
     used: list[int]
     position: dict[int, int]  # GPU index -> position in `gpus`
     problem: str = ""
+    allocatable: Allocatable = NO_ALLOCATABLE
+    cpu: int = 0  # millicores requested by the pods bound here (and ours assumed or held)
+    memory: int = 0  # bytes, likewise
+    pods: int = 0  # pods counted here
     _snap: NodeSnapshot | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, name: str, gpus: Iterable[GpuInfo], problem: str = "") -> NodeEntry:
+    def build(
+        cls, name: str, gpus: Iterable[GpuInfo], problem: str = "", allocatable: Allocatable = NO_ALLOCATABLE
+    ) -> NodeEntry:
         ordered = tuple(sorted(gpus, key=lambda g: g.index))
-        return cls(name, ordered, [0] * len(ordered), {g.index: i for i, g in enumerate(ordered)}, problem)
+        return cls(name, ordered, [0] * len(ordered), {g.index: i for i, g in enumerate(ordered)}, problem, allocatable)
+
+    def host_free(self) -> tuple[int, int]:
+        """(CPU, memory) free as placement sees them: NodeResourcesFit's test `request == 0 or request <=
+        allocatable - requested` is `free >= request` with free floored at 0; a node at its pod limit
+        fits no pod ("Too many pods"), shown as -1 so that no demand, even one asking nothing, fits."""
+        a = self.allocatable
+        if self.pods + 1 > a.pods:
+            return -1, -1
+        return max(a.cpu - self.cpu, 0), max(a.memory - self.memory, 0)
 
     def touch(self) -> None:
         self._snap = None
@@ -131,12 +169,15 @@ class NodeEntry:
         snap = self._snap
         if snap is None:
             used = tuple(self.used)
+            cpu_free, memory_free = self.host_free()
             state = NodeState(
                 self.name,
                 tuple(
                     GpuSlot(g.index, g.model, g.memory, max(g.memory - u, 0), g.healthy)
                     for g, u in zip(self.gpus, used, strict=True)
                 ),
+                cpu_free,
+                memory_free,
             )
             view = node_view(state)[0]
             if intern is None:
@@ -146,7 +187,18 @@ class NodeEntry:
                 if not view_id:
                     view_id = intern[view] = next(_view_ids)
             free_desc = tuple(sorted((s.free for s in state.gpus if s.healthy), reverse=True))
-            snap = self._snap = NodeSnapshot(self.name, self.gpus, used, self.problem, state, view, view_id, free_desc)
+            snap = self._snap = NodeSnapshot(
+                self.name,
+                self.gpus,
+                used,
+                self.problem,
+                state,
+                view,
+                view_id,
+                free_desc,
+                self.allocatable,
+                (self.cpu, self.memory, self.pods),
+            )
         return snap
 
     def state(self) -> NodeState:

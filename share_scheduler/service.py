@@ -20,9 +20,9 @@ from share_core.admission import invalid_request_message
 from share_core.contract import EXTENDER_PREFIX, MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import KubeClient
-from share_core.request import InvalidRequest, PodRequest
+from share_core.request import InvalidRequest
 from share_core.retry import Backoff
-from share_placement import Policy, learns, make_policy
+from share_placement import Demand, Policy, learns, make_policy
 from share_scheduler.bestnodes import BestNodeIndex
 from share_scheduler.binder import BIND_EVENTS, Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache
@@ -39,7 +39,6 @@ from share_scheduler.extender import (
     prioritize,
 )
 from share_scheduler.metrics import Metrics
-from share_scheduler.nodes import demand_of
 from share_scheduler.syncer import Syncer
 
 # A verb as the servers call it: raw request body in, (status, JSON bytes) out, its latency recorded.
@@ -117,11 +116,11 @@ class Extender:
     def stop(self) -> None:
         self.syncer.stop()
 
-    def observe(self, req: PodRequest) -> None:
+    def observe(self, demand: Demand) -> None:
         """Workload-aware policies (frag) learn the pod-size distribution from every pod we see, the
         initial list included, so a restarted extender relearns it from the cluster."""
         with self.binder.policy_lock:
-            self.policy.observe(demand_of(req))
+            self.policy.observe(demand)
         self.memo.invalidate()  # a learning policy may now score a view differently (no-op for binpack)
 
     def _largest_gpu(self, units: int) -> None:
@@ -138,12 +137,12 @@ class Extender:
             wanted = pod_demand(args.pod)
         except InvalidRequest as exc:
             return 200, filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc))
-        if wanted is None:
-            return 200, filter_result(args, None, {}, {})  # not ours: pass every node through
         if not self.cache.synced:
             return 200, filter_result(args, None, {}, {}, NOT_SYNCED)
+        # A pod that asks no GPU is placed by the policy too (frag prices the gaps its CPU and memory
+        # strand; binpack packs it where GPUs are taken): every pod of the profile reaches us.
         request, demand = wanted
-        self.binder.remember(args.pod, request)
+        self.binder.remember(args.pod, request, demand)
         if self.keep_best:
             if self.index is not None:
                 passed = self.index.best(demand, args.names)
@@ -169,8 +168,6 @@ class Extender:
         except (BadRequest, InvalidRequest) as exc:
             # kube-scheduler only logs a failed prioritize; 400 keeps our scores out of the sum.
             return 400, {"Error": str(exc)}
-        if wanted is None:
-            return 200, [{"Host": n, "Score": 0} for n in args.names]
         _, demand = wanted
         entries = self.cache.entries(args.names)
         return 200, prioritize(self.policy, demand, entries, self.memo, self.binder.policy_lock)

@@ -14,7 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
 from share_scheduler.sim import variants
-from share_scheduler.sim.engine import CURVE_STEP, THRESHOLDS, VIEWS, SeedResult, run_policy
+from share_scheduler.sim.engine import CURVE_STEP, THRESHOLDS, SeedResult, run_policy
 from share_scheduler.sim.workload import Workload, WorkloadError, load_openb, load_yaml
 
 
@@ -37,14 +37,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, default=10, help="number of seeds to average (default 10)")
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--tune", type=float, default=1.3, help="stop once this x cluster GPU capacity was asked (1.3)")
-    p.add_argument(
-        "--view",
-        choices=VIEWS,
-        default="sim",
-        help="what the policies see: sim (default), every node's free CPU and memory too; extender, what "
-        "the extender sees in a cluster today: GPU state only, nodes without the pod's CPU or memory dropped "
-        "first as kube-scheduler does (docs/simulator.md, Live versus simulated)",
-    )
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw allocation vs arrived workload (needs matplotlib)")
@@ -84,16 +76,14 @@ def summarise(name: str, results: list[SeedResult]) -> dict:
     }
 
 
-def run(
-    workload: Workload, policies: list[str], seeds: list[int], tune: float, jobs: int = 1, view: str = "sim"
-) -> list[dict]:
+def run(workload: Workload, policies: list[str], seeds: list[int], tune: float, jobs: int = 1) -> list[dict]:
     tasks = [(name, seed) for name in policies for seed in seeds]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(run_policy, workload, name, seed, tune, view=view) for name, seed in tasks]
+            futures = [pool.submit(run_policy, workload, name, seed, tune) for name, seed in tasks]
             results = [f.result() for f in futures]
     else:
-        results = [run_policy(workload, name, seed, tune, view=view) for name, seed in tasks]
+        results = [run_policy(workload, name, seed, tune) for name, seed in tasks]
     return [summarise(name, [r for (n, _), r in zip(tasks, results, strict=True) if n == name]) for name in policies]
 
 
@@ -186,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plot:
             print("share-sim: --plot draws one workload; give one --variant", file=sys.stderr)
             return 2
-        results = [(spec, run(w, args.policies, seeds, args.tune, args.jobs, args.view)) for spec, w in derived]
+        results = [(spec, run(w, args.policies, seeds, args.tune, args.jobs)) for spec, w in derived]
         if args.json:
             out = [
                 {"variant": spec, **{k: v for k, v in row.items() if not k.startswith("_")}}
@@ -199,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if derived:
         workload = derived[0][1]
-    rows = run(workload, args.policies, seeds, args.tune, args.jobs, args.view)
+    rows = run(workload, args.policies, seeds, args.tune, args.jobs)
     if args.plot:
         plot(rows, args.plot)
     if args.json:

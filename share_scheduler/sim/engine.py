@@ -92,64 +92,15 @@ def arrivals_until(workload: Workload, seed: int, pct: float = 100.0, draw: str 
     raise AssertionError("unreachable: the order is endless")  # pragma: no cover
 
 
-# What the policy sees of a node and a pod: "sim", everything the workload says (free CPU and memory
-# included); "extender", what the extender sees in a cluster today (see ExtenderView).
-VIEWS = ("sim", "extender")
-
-
-class ExtenderView:
-    """A policy seen through what the extender knows in a cluster, and nothing more.
-
-    kube-scheduler's own filters (NodeResourcesFit) drop the nodes without the pod's CPU and memory
-    before the extender is asked; the extender then scores GPU state only: its cache keeps no CPU
-    (`NodeState.cpu_free` is None) and a pod's demand carries no CPU (`cache.demand_of`); it learns from
-    the pods that ask for GPU memory (its cache's observer), not from CPU-only ones. The policy is the
-    same object code either way; only its view is cut to the extender's. (CPU-only pods, which a cluster
-    leaves to kube-scheduler, are still placed by the policy here, on GPU state alone.)"""
-
-    def __init__(self, inner: Policy) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.cacheable = getattr(inner, "cacheable", True)
-        self.random_ties = getattr(inner, "random_ties", False)
-
-    def evaluate(self, view: NodeView, demand: Demand) -> placement.Evaluation:
-        gpus, cpu_free, memory_free = view
-        if (cpu_free is not None and cpu_free < demand.cpu) or (
-            memory_free is not None and memory_free < demand.memory
-        ):
-            return None  # NodeResourcesFit's Filter, before any extender
-        return self.inner.evaluate((gpus, None, None), gpu_only(demand))
-
-    def observe(self, demand: Demand) -> None:
-        if demand.count > 0:
-            self.inner.observe(gpu_only(demand))
-
-
-def gpu_only(demand: Demand) -> Demand:
-    """A pod's demand as the extender builds it (`cache.demand_of`): GPUs and models, no CPU or memory."""
-    return Demand(demand.per_gpu, demand.count, demand.models)
-
-
-def build_policy(name: str, seed: int, workload: Workload, view: str = "sim") -> Policy:
+def build_policy(name: str, seed: int, workload: Workload) -> Policy:
     """The same policy object the extender builds (placement.make_policy), taught the trace's pods.
 
-    `view` "extender": built as the extender builds it (`create_app`: no options but a seed for
-    `random`; the largest GPU told to `frag` as the cache tells it) and seen through `ExtenderView`."""
-    if view not in VIEWS:
-        raise ValueError(f"unknown view {view!r}: choose from {', '.join(VIEWS)}")
+    The extender sees what share-sim sees (issue 31): every node's free CPU and memory beside its GPUs,
+    every pod's CPU and memory in its demand, CPU-only pods placed by the policy and learned from; so
+    there is one view, this one (tests/integration/test_live_vs_sim.py holds the two equal)."""
     cls = placement.POLICIES.get(name)
     params = inspect.signature(cls).parameters if cls is not None else {}
     options: dict[str, int] = {"seed": seed} if "seed" in params else {}
-    if view == "extender":
-        inner = placement.make_policy(name, **options)
-        set_unit = getattr(inner, "set_gpu_unit", None)
-        if set_unit is not None and workload.gpu_capacity > 0:
-            set_unit(max(max(n.gpus) for n in workload.nodes if n.gpus))
-        seen = ExtenderView(inner)
-        for pod in workload.pods:
-            seen.observe(pod.demand())
-        return seen
     # Normalisers (bestfit): the largest node's CPU and GPU capacity, as the paper's constants are for
     # the openb cluster (128 cores, 8 x 1000 units); also right for a YAML cluster counted in GiB.
     cpus = [n.cpu for n in workload.nodes if n.cpu]
@@ -348,10 +299,8 @@ def simulate(
     )
 
 
-def run_policy(
-    workload: Workload, name: str, seed: int, tune: float = 1.3, draw: str = "trace-first", view: str = "sim"
-) -> SeedResult:
-    """One seed of one policy, the policy built exactly as the extender builds it (`view`: see VIEWS)."""
-    result = simulate(workload, build_policy(name, seed, workload, view), seed, tune, draw=draw)
+def run_policy(workload: Workload, name: str, seed: int, tune: float = 1.3, draw: str = "trace-first") -> SeedResult:
+    """One seed of one policy, the policy built exactly as the extender builds it."""
+    result = simulate(workload, build_policy(name, seed, workload), seed, tune, draw=draw)
     result.policy = name
     return result

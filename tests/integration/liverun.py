@@ -116,7 +116,6 @@ def run_live(
     policy: str,
     nodes: list[SimNode],
     arrivals: list[SimPod],
-    pins: list[str | None],
 ) -> list[Placement]:
     """Every arrival through kube-scheduler and the extender, one at a time; where each one went."""
     admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-tests")
@@ -125,7 +124,7 @@ def run_live(
     names = [f"a-{i:04d}" for i in range(len(arrivals))]
 
     def create(i: int) -> None:
-        body = pod_object(names[i], arrivals[i], SCHEDULER, pins[i])
+        body = pod_object(names[i], arrivals[i], SCHEDULER)
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
 
     with ThreadPoolExecutor(8) as pool:

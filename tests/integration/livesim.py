@@ -16,7 +16,7 @@ import orjson
 import share_placement as placement
 from share_core.contract import ANN_GPU_COUNT, ANN_NODE_GPUS, RESOURCE_MEM
 from share_placement import Policy
-from share_scheduler.sim.engine import ExtenderView, SeedResult, build_policy, simulate
+from share_scheduler.sim.engine import SeedResult, build_policy, simulate
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
@@ -52,28 +52,39 @@ def protocol_arrivals(workload: Workload, seed: int, tune: float) -> list[int]:
 
 
 def simulate_sample(
-    nodes: Sequence[SimNode], population: Sequence[SimPod], seed: int, tune: float, policy: str, extender_view: bool
+    nodes: Sequence[SimNode], population: Sequence[SimPod], seed: int, tune: float, policy: str, as_live: bool
 ) -> tuple[SeedResult, list[SimPod], list[Placement]]:
     """share-sim's engine on the sample: the run's result, the pods that arrived and where each went.
 
-    `extender_view`: the policy sees what the extender sees (ExtenderView) and has learned what the
-    extender learns, the pods that arrive (the live run lists them all before the first is scheduled);
-    else share-sim's own run (its policy taught the whole population, CPU in its view)."""
+    The policy sees what the extender sees, the whole node (one view since issue 31). `as_live`: it has
+    learned what the extender learns, the pods that arrive (the live run lists them all before the
+    first is scheduled); else share-sim's own run (its policy taught the whole population)."""
     workload = Workload(tuple(nodes), tuple(population))
     arrivals = protocol_arrivals(workload, seed, tune)
-    if extender_view:
-        # Built as the extender builds it (create_app: make_policy(name), no options).
-        chosen: Policy = ExtenderView(placement.make_policy(policy))
-        for k in arrivals:
-            chosen.observe(population[k].demand())
-    else:
-        chosen = build_policy(policy, seed, workload)
+    taught = Workload(tuple(nodes), tuple(population[k] for k in arrivals)) if as_live else workload
+    chosen: Policy = build_policy(policy, seed, taught)
     raw: list[tuple[int, tuple[int, tuple[int, ...]] | None]] = []
     result = simulate(workload, chosen, seed, tune, placements=raw)
     assert [k for k, _ in raw] == arrivals, "the protocol's arrivals depend on the policy"
     # All GPUs are healthy and listed by index, so view positions are GPU indices.
     where = [None if w is None else (nodes[w[0]].name, tuple(sorted(w[1]))) for _, w in raw]
     return result, [population[k] for k in arrivals], where
+
+
+def unallocated_at(
+    nodes: Sequence[SimNode], arrivals: Sequence[SimPod], placements: Sequence[Placement], mark: int = 100
+) -> float | None:
+    """share-sim's `unallocated_pct[mark]` for these placements: 100 - GPU units placed / capacity, in %,
+    once the units asked reach `mark` % of the capacity (engine.simulate's marks); None before."""
+    capacity = sum(n.gpu_capacity for n in nodes)
+    requested = placed = 0
+    for p, where in zip(arrivals, placements, strict=True):
+        requested += p.gpu_request
+        if where is not None:
+            placed += p.gpu_request
+        if requested * 100 >= mark * capacity:
+            return 100.0 - 100.0 * placed / capacity
+    return None
 
 
 def allocation_pct(nodes: Sequence[SimNode], arrivals: Sequence[SimPod], placements: Sequence[Placement]) -> float:
@@ -114,11 +125,10 @@ def node_resources(node: SimNode) -> dict[str, str]:
     }
 
 
-def pod_object(name: str, pod: SimPod, scheduler: str, pin: str | None = None) -> dict[str, Any]:
+def pod_object(name: str, pod: SimPod, scheduler: str) -> dict[str, Any]:
     """An arrival behind the scheduling gate: its trace CPU and memory as real requests, its GPU units
-    as `nvidia.com/gpu-mem` (a multi-GPU pod asks count x per_gpu with `gpushare.io/gpu-count`).
-
-    `pin`: required node affinity to one node (for CPU-only pods, which never reach the extender)."""
+    as `nvidia.com/gpu-mem` (a multi-GPU pod asks count x per_gpu with `gpushare.io/gpu-count`); a
+    CPU-only pod goes through the extender like any other (no pin: the policy places it)."""
     resources: dict[str, Any] = {"requests": {"cpu": f"{pod.cpu}m", "memory": f"{pod.memory}Mi"}}
     annotations: dict[str, str] = {}
     if pod.count:
@@ -132,11 +142,6 @@ def pod_object(name: str, pod: SimPod, scheduler: str, pin: str | None = None) -
         "containers": [{"name": "main", "image": "none", "resources": resources}],
         "terminationGracePeriodSeconds": 0,
     }
-    if pin is not None:
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pin]}]}
-        spec["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -8,6 +8,8 @@ The KubeSchedulerConfiguration kube-scheduler starts from. Keep it in step with
   - (fitting) a dominant extender weight; the score plugins that fight packing turned off: kube-scheduler
     adds its own scores (least-allocated, balanced allocation, topology spread, image locality)
     to ours, and those push pods apart while binpack wants them together.
+  - no managedResources: kube-scheduler calls the extender for every pod of the profile
+    (HTTPExtender.IsInterested), so pods that ask no GPU are placed by the policy as well.
 kube-scheduler reaches the extender on 127.0.0.1: they share the pod's network namespace.
 */}}
 {{- define "gpushare.schedulerConfig" -}}
@@ -44,7 +46,6 @@ extenders:
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}
     ignorable: false
-    managedResources:
-      - name: nvidia.com/gpu-mem
-        ignoredByScheduler: false
+    {{- /* No managedResources: HTTPExtender.IsInterested then calls the extender for every pod of
+    the profile, CPU-only pods included, and the policy places them by the whole node. */}}
 {{- end }}

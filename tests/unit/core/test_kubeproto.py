@@ -28,6 +28,7 @@ from share_core import kubeproto
 from share_core.assignment import Assignment, pod_is_finished
 from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient, Conflict, Gone, binding_json
+from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest, pod_request
 from share_scheduler.nodes import pod_record
 from tests.unit.core.streamserver import StreamServer, serving, watcher
@@ -396,13 +397,18 @@ def test_slim_pod_gives_the_cache_the_same_facts(messages, pod):
 
 
 def test_containers_are_decoded_only_when_read(messages):
-    _, slim = kubeproto.decode_watch_event(frame(messages, "ADDED", upstream_pod(messages, CASES[3]))[4:])
+    _, slim = kubeproto.decode_watch_event(frame(messages, "ADDED", upstream_pod(messages, CASES[4]))[4:])
     spec = slim["spec"]
-    pod_record(slim)  # what every event costs: name, uid, node, phase, annotations
+    pod_record(slim)  # what a pending pod's event costs: name, uid, node, phase, annotations
     assert spec._message is not None  # nothing else decoded yet
     assert dict.get(spec, "containers") is None
-    assert pod_request(slim) == pod_request(CASES[3])
+    assert pod_request(slim) == pod_request(CASES[4])
     assert spec._message is None and len(dict.get(spec, "containers")) == 2
+    # A bound pod's CPU and memory count on its node (share_core.podresources): its containers are read.
+    _, slim = kubeproto.decode_watch_event(frame(messages, "ADDED", upstream_pod(messages, CASES[3]))[4:])
+    spec = slim["spec"]
+    assert pod_record(slim) == pod_record(CASES[3]) and spec._message is None
+    assert len(dict.get(spec, "containers")) == 2
     # Every other way in sees the whole spec, and a copy is a plain dict.
     _, other = kubeproto.decode_watch_event(frame(messages, "ADDED", upstream_pod(messages, CASES[3]))[4:])
     assert dict(other["spec"].items())["initContainers"][1]["restartPolicy"] == "Always"
@@ -448,3 +454,30 @@ def test_a_server_answering_json_is_read_as_json(frame_server):
     frame_server.pieces = [orjson.dumps({"type": "ADDED", "object": pod}) + b"\n"]
     events = list(watcher(frame_server).watch_pods("1", timeout_seconds=5, slim=True))
     assert [(e.type, e.object) for e in events] == [("ADDED", pod)]
+
+
+def test_slim_pod_carries_what_kube_scheduler_counts(messages):
+    """Overhead, pod-level requests and in-place resize status survive the slim decoding, so the cache
+    counts a watched pod's CPU and memory as it counts the listed JSON one (PodRequests' inputs)."""
+    pod = json_pod(6, node="node-9")
+    pod["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "2", "memory": "1Gi"})
+    pod["spec"]["overhead"] = {"cpu": "250m", "memory": "64Mi"}
+    pod["spec"]["resources"] = {"requests": {"memory": "3Gi"}}
+    pod["status"]["conditions"] = [{"type": "PodResizePending", "reason": "Deferred"}]
+    pod["status"]["containerStatuses"] = [
+        {"name": "main", "allocatedResources": {"cpu": "3"}, "resources": {"requests": {"cpu": "4"}}}
+    ]
+    msg = messages["Pod"].FromString(upstream_pod(messages, pod))
+    for name, value in pod["spec"]["overhead"].items():
+        msg.spec.overhead[name].string = value
+    msg.spec.resources.requests["memory"].string = "3Gi"
+    del msg.status.conditions[:]
+    msg.status.conditions.add(type="PodResizePending", status="True", reason="Deferred")
+    cs = msg.status.containerStatuses.add(name="main")
+    cs.allocatedResources["cpu"].string = "3"
+    cs.resources.requests["cpu"].string = "4"
+    _, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
+    want = pod_host_request(pod)
+    assert want == (4250, 3 * 2**30 + 64 * 2**20, "")
+    assert pod_host_request(slim) == want
+    assert pod_record(slim) == pod_record(pod)

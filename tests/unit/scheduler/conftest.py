@@ -20,8 +20,15 @@ from share_scheduler.app import create_app
 PREFIX = EXTENDER_PREFIX
 
 
-def make_node(name: str, gpus: list[Any], model: str = "NVIDIA A100") -> dict[str, Any]:
-    """gpus: memory per GPU, or (memory, healthy[, model]) tuples."""
+# What a kubelet reports beside the GPUs (the extender counts CPU, memory and pods as kube-scheduler does):
+# room enough that only the GPUs decide, unless a test says otherwise.
+HOST = {"cpu": "128", "memory": "1Ti", "pods": "1000"}
+
+
+def make_node(
+    name: str, gpus: list[Any], model: str = "NVIDIA A100", host: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """gpus: memory per GPU, or (memory, healthy[, model]) tuples; `host`: allocatable cpu, memory, pods."""
     items = []
     for i, g in enumerate(gpus):
         mem, healthy, m = (g, True, model) if isinstance(g, int) else (g[0], g[1], g[2] if len(g) > 2 else model)
@@ -31,7 +38,10 @@ def make_node(name: str, gpus: list[Any], model: str = "NVIDIA A100") -> dict[st
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": {"gpushare": "true"}, "annotations": {ANN_NODE_GPUS: json.dumps(items)}},
-        "status": {"capacity": {RESOURCE_MEM: str(total)}, "allocatable": {RESOURCE_MEM: str(total)}},
+        "status": {
+            "capacity": {RESOURCE_MEM: str(total), **HOST, **(host or {})},
+            "allocatable": {RESOURCE_MEM: str(total), **HOST, **(host or {})},
+        },
     }
 
 

@@ -13,6 +13,7 @@ from share_core.contract import ANN_GPU_INDEX
 from share_core.fake import FakeKube
 from share_core.kube import Gone, KubeError, Unavailable
 from tests.unit.scheduler.conftest import (
+    HOST,
     bind_args,
     capacity,
     filter_args,
@@ -424,7 +425,7 @@ def test_node_changes_health_and_fallback_capacity(kube, extender_factory):
     kube.add_node(make_node("node-a", [16, 16]))
     plain = {
         "metadata": {"name": "plain"},
-        "status": {"capacity": {"nvidia.com/gpu-mem": "32", "nvidia.com/gpu-count": "2"}},
+        "status": {"capacity": {"nvidia.com/gpu-mem": "32", "nvidia.com/gpu-count": "2"}, "allocatable": dict(HOST)},
     }
     kube.add_node(plain)
     ext = extender_factory().wait_ready()
@@ -488,9 +489,9 @@ def test_policy_observes_every_pod(kube, extender_factory):
     kube.add_pod(make_pod("old", 2, node="node-a", annotations={ANN_GPU_INDEX: "0", "gpushare.io/gpu-mem": "2"}))
     kube.add_pod(make_pod("web", None))
     ext = extender_factory(policy=Recorder()).wait_ready()
-    assert seen == [2]
+    assert seen == [2, 0]  # the CPU-only pod too: frag learns the whole workload, as share-sim does
     kube.add_pod(make_pod("new", 5))
-    wait_until(lambda: seen == [2, 5], what="observe of a new pod")
+    wait_until(lambda: seen == [2, 0, 5], what="observe of a new pod")
     kube.set_pod_phase("default", "new", "Running")
     ext.settle()
-    assert seen == [2, 5]  # once per pod
+    assert seen == [2, 0, 5]  # once per pod

@@ -98,11 +98,15 @@ def test_filter_multi_gpu(cluster):
     assert "node-c" in body["FailedAndUnresolvableNodes"]
 
 
-def test_filter_pod_without_gpu_mem_passes_everything(cluster):
+def test_filter_pod_without_gpu_mem_gets_the_policys_node(cluster):
+    """A CPU-only pod of the profile is placed by the policy too: binpack packs it where the GPUs are
+    taken (node-c has 8 GiB free, node-a 32), and a node the cache does not know is never chosen."""
     names = ["node-a", "node-c", "no-such-node"]
     status, body = cluster.post("filter", filter_args(make_pod("web", None), names))
     assert status == 200
-    assert body["NodeNames"] == names and body["FailedNodes"] == {} and body["Error"] == ""
+    assert body["NodeNames"] == ["node-c"] and body["FailedNodes"] == {} and body["Error"] == ""
+    status, body = cluster.post("filter", filter_args(make_pod("web", None), ["node-a", "node-b", "node-d"]))
+    assert body["NodeNames"] == ["node-b"]  # 6 GiB free on its one healthy GPU
 
 
 def test_filter_unknown_node_is_failed_not_error(cluster):
@@ -233,9 +237,9 @@ def test_prioritize_spread(kube, extender_factory):
     assert status == 200 and scores == [{"Host": "full", "Score": 9}, {"Host": "empty", "Score": 10}]
 
 
-def test_prioritize_without_gpu_mem_is_neutral(cluster):
+def test_prioritize_without_gpu_mem_ranks_by_the_policy(cluster):
     status, scores = cluster.post("prioritize", filter_args(make_pod("web", None), ["node-a", "node-b"]))
-    assert status == 200 and scores == [{"Host": "node-a", "Score": 0}, {"Host": "node-b", "Score": 0}]
+    assert status == 200 and scores == [{"Host": "node-a", "Score": 9}, {"Host": "node-b", "Score": 10}]
 
 
 def test_bind_exact(cluster):

@@ -78,43 +78,6 @@ def test_cpu_fit_is_enforced(tmp_path):
     assert r.placed == 1 and r.unallocated_pct["100"] == pytest.approx(50)
 
 
-def test_the_extender_view_scores_gpu_state_only(tmp_path):
-    """`--view extender`: the policy as the extender builds and sees it (no CPU in its score; nodes
-    short of CPU or memory dropped first, as kube-scheduler's NodeResourcesFit does)."""
-    n, p = write_openb(
-        tmp_path,
-        ["a,8000,100000,2,T4", "b,64000,100000,2,T4"],
-        ["s,4000,10,1,300,,LS,Running,0,1,0", "w,4000,10,1,1000,,LS,Running,0,1,0", "c,2000,10,0,0,,LS,Running,0,1,0"],
-    )
-    w = load_openb(n, p)
-    seen = build_policy("frag", 0, w, view="extender")
-    assert isinstance(seen, engine.ExtenderView) and seen.name == "frag"
-    inner = seen.inner
-    assert isinstance(inner, placement.FragPolicy) and inner.gpu_unit == 1000  # told the largest GPU
-    assert inner._observed == 2  # the GPU pods only, as the cache's observer tells it
-    assert all(g.cpus == (0,) for g in inner.table.groups)  # learned without CPU
-    share = Demand(300, 1, (), 4000, 10)
-    gpus = (("T4", 1000), ("T4", 700))
-    # The same GPU state scores the same whatever CPU is left, as long as the pod fits.
-    assert seen.evaluate((gpus, 4000, 100), share) == seen.evaluate((gpus, 64000, 100), share)
-    assert seen.evaluate((gpus, 4000, 100), share) == inner.evaluate((gpus, None, None), Demand(300, 1))
-    assert seen.evaluate((gpus, 3999, 100), share) is None  # NodeResourcesFit: too little CPU
-    assert seen.evaluate((gpus, 4000, 9), share) is None  # nor memory
-    assert build_policy("bestfit", 0, w, view="extender").random_ties  # kube-scheduler's random ties kept
-    r = run_policy(w, "frag", seed=0, view="extender")
-    assert r.placed >= 1
-    with pytest.raises(ValueError, match="unknown view"):
-        build_policy("frag", 0, w, view="cluster")
-
-
-def test_cli_view_extender(capsys):
-    assert cli.main(["--yaml", str(EXAMPLE), "--policy", "frag", "--seeds", "1", "--view", "extender", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["policy"] == "frag"
-    with pytest.raises(SystemExit) as e:
-        cli.main(["--yaml", str(EXAMPLE), "--view", "cluster"])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
-
-
 def test_bestfit_breaks_ties_at_random_like_kube_scheduler(tmp_path):
     # Four identical empty nodes: every node ties for the first pod. binpack takes the first node;
     # bestfit picks one uniformly at random (seeded; the arrival order is the same stream either way).
