@@ -199,7 +199,12 @@ def test_kubelet_prepares_and_unprepares_a_claim_across_restarts(
     dra_plugin.start()
     admin.request("DELETE", f"/api/v1/namespaces/{ns}/pods/dra-pod")
     wait_for(lambda: not spec_path.exists(), 90, "kubelet's NodeUnprepareResources (the claim's CDI spec removed)")
-    assert "NodeUnprepareResources" in dra_plugin.text() and "removed" in dra_plugin.text()
+    # the plugin logs once Unprepare is done (the CDI spec goes first, then the hard limit is cleared)
+    wait_for(
+        lambda: "NodeUnprepareResources" in dra_plugin.text() and "removed" in dra_plugin.text(),
+        30,
+        "the plugin's NodeUnprepareResources log line",
+    )
 
 
 def _exists(admin: ApiServerClient, path: str) -> bool:
