@@ -169,17 +169,17 @@ def next_bundle(current: Bundle | None, names: Sequence[str], now: dt.datetime |
     now = now or _now()
     if current is None or not current.ca or not current.ca_key or needs_renewal(current.ca, now):
         ca, ca_key = make_ca(now)
-        previous = current.ca if current is not None and current.ca and not needs_expired(current.ca, now) else ""
+        previous = current.ca if current is not None and current.ca and not expired(current.ca, now) else ""
         cert, key = make_serving(ca, ca_key, names, now)
         return Bundle(ca, cert, key, ca_key, previous)
     if needs_renewal(current.cert, now) or not covers(current.cert, names) or not signed_by(current.cert, current.ca):
         cert, key = make_serving(current.ca, current.ca_key, names, now)
-        previous = current.previous_ca if current.previous_ca and not needs_expired(current.previous_ca, now) else ""
+        previous = current.previous_ca if current.previous_ca and not expired(current.previous_ca, now) else ""
         return Bundle(current.ca, cert, key, current.ca_key, previous)
     return None
 
 
-def needs_expired(cert_pem: str, now: dt.datetime) -> bool:
+def expired(cert_pem: str, now: dt.datetime) -> bool:
     try:
         return now >= x509.load_pem_x509_certificate(cert_pem.encode()).not_valid_after_utc
     except ValueError:

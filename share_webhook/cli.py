@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     stop = threading.Event()
     workdir = Path(tempfile.mkdtemp(prefix="share-webhook-"))
+    names = certs.service_names(a.service, a.namespace) + [n for n in a.extra_cert_names.split(",") if n]
 
     def serve_bundle(bundle: certs.Bundle) -> None:
         cert, key = workdir / "tls.crt", workdir / "tls.key"
@@ -92,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
         server.use_certificate(str(cert), str(key))
         log.info("serving a certificate for %s", ", ".join(names))
 
-    names = certs.service_names(a.service, a.namespace) + [n for n in a.extra_cert_names.split(",") if n]
     if a.tls_cert_file:
         mtimes: dict[str, float] = {}
 
