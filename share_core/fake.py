@@ -54,6 +54,8 @@ class FakeKube:
         self.calls: dict[str, int] = defaultdict(int)
         self._faults: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._watchers: list[tuple[str, queue.Queue[WatchEvent | None], Callable[[Obj], bool]]] = []
+        # Any other collection by its API path (ResourceSlices, ResourceClaims): path -> name key -> object.
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = defaultdict(dict)
 
     # -- test controls ---------------------------------------------------------------------------
 
@@ -128,6 +130,22 @@ class FakeKube:
             pod = self.pods.pop((namespace, name))
             self._bump(pod)
             self._notify("pods", "DELETED", pod)
+
+    def put_object(self, path: str, obj: Obj) -> Obj:
+        """Create or replace an object of the collection at `path` (cluster-wide path, as listed)."""
+        with self._lock:
+            obj = self._bump(copy.deepcopy(obj))
+            meta = obj["metadata"]
+            key = (str(meta.get("namespace", "")), str(meta["name"]))
+            kind = "MODIFIED" if key in self.objects[path] else "ADDED"
+            self.objects[path][key] = obj
+            self._notify(path, kind, obj)
+            return copy.deepcopy(obj)
+
+    def delete_object(self, path: str, namespace: str, name: str) -> None:
+        with self._lock:
+            obj = self._bump(self.objects[path].pop((namespace, name)))
+            self._notify(path, "DELETED", obj)
 
     def close_watches(self) -> None:
         """End every open watch, as an API server does on timeout or restart."""
@@ -303,3 +321,26 @@ class FakeKube:
     ) -> Iterator[WatchEvent]:
         self._enter("watch_nodes")
         return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds)
+
+    def list_path(self, path: str) -> ListResult:
+        self._enter("list_path")
+        with self._lock:
+            return ListResult([copy.deepcopy(o) for o in self.objects[path].values()], str(self._rv))
+
+    def watch_path(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[WatchEvent]:
+        self._enter("watch_path")
+        return self._watch(path, lambda _: True, timeout_seconds)
+
+    def get_path(self, path: str) -> Obj:
+        self._enter("get_path")
+        collection, _, name = path.rpartition("/")
+        namespace = ""
+        if "/namespaces/" in collection:
+            prefix, _, rest = collection.partition("/namespaces/")
+            namespace, _, resource = rest.partition("/")
+            collection = f"{prefix}/{resource}"
+        with self._lock:
+            obj = self.objects[collection].get((namespace, name))
+            if obj is None:
+                raise NotFound(f"{path} not found", 404, "NotFound")
+            return copy.deepcopy(obj)

@@ -205,6 +205,14 @@ class KubeClient(Protocol):
         self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
     ) -> Iterator[WatchEvent]: ...
 
+    def list_path(self, path: str) -> ListResult:
+        """Every object of a collection by its API path (e.g. `/apis/resource.k8s.io/v1/resourceslices`)."""
+        ...
+
+    def watch_path(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[WatchEvent]: ...
+
+    def get_path(self, path: str) -> Obj: ...
+
 
 def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A `kubernetes.client.Configuration`: from the kubeconfig if given, else in-cluster, else ~/.kube/config."""
@@ -596,3 +604,12 @@ class ApiServerClient:
         return self._watch(
             "/api/v1/nodes", {"resourceVersion": resource_version, "labelSelector": label_selector}, timeout_seconds
         )
+
+    def list_path(self, path: str) -> ListResult:
+        return self._list(path, {})
+
+    def watch_path(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[WatchEvent]:
+        return self._watch(path, {"resourceVersion": resource_version}, timeout_seconds)
+
+    def get_path(self, path: str) -> Obj:
+        return self._json("GET", path)

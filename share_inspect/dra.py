@@ -14,32 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from share_core.contract import (
-    DRA_ATTR_INDEX,
-    DRA_ATTR_MODEL,
-    DRA_ATTR_UUID,
-    DRA_CAPACITY_MEMORY,
-    MemoryUnit,
-)
 from share_core.contract import DRA_DRIVER_NAME as DRA_DRIVER
-from share_core.request import InvalidRequest, parse_quantity
+from share_core.contract import MemoryUnit
+from share_core.dra import DraGpu, claim_name, claim_pods, claim_results, quantity_mib, slice_devices
+
+__all__ = ["DRA_DRIVER", "DraClaim", "DraGpu", "DraState", "dra_state", "quantity_mib", "to_units"]
 
 Obj = Mapping[str, Any]
-
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class DraGpu:
-    """One device of driver gpushare.io: a GPU of `node`, `memory_mib` of it shareable."""
-
-    node: str
-    device: str
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    healthy: bool = True
 
 
 @dataclass(slots=True)
@@ -65,64 +46,14 @@ class DraState:
         self.problems.setdefault(node, []).append(text)
 
 
-def quantity_mib(value: Any, what: str) -> int:
-    """A memory quantity ("80Gi", "4096Mi", bytes) in whole MiB, rounded down (never more than there is)."""
-    if isinstance(value, str) and len(value) > 2 and value[:-2].isdigit():  # what slices and claims carry
-        if value.endswith("Gi"):
-            return int(value[:-2]) * 1024
-        if value.endswith("Mi"):
-            return int(value[:-2])
-    q = parse_quantity(value, what)
-    if q < 0:
-        raise InvalidRequest(f"{what}: {value!r} is negative")
-    return int(q // MIB)
-
-
-def _attr(attrs: Mapping[str, Any], name: str) -> Any:
-    """A device attribute by its plain or driver-qualified name; the value of its one typed field."""
-    raw = attrs.get(name, attrs.get(f"{DRA_DRIVER}/{name}"))
-    if not isinstance(raw, Mapping):
-        return None
-    for kind in ("string", "int", "version", "bool"):
-        if kind in raw:
-            return raw[kind]
-    return None
-
-
-def _capacity(caps: Mapping[str, Any], name: str) -> Any:
-    cap = caps.get(name, caps.get(f"{DRA_DRIVER}/{name}"))
-    return cap.get("value") if isinstance(cap, Mapping) else cap
-
-
-def _healthy(device: Obj) -> bool:
-    """A device tainted NoSchedule or NoExecute takes no new claims: shown like an unhealthy GPU."""
-    return not any(t.get("effect") in ("NoSchedule", "NoExecute") for t in device.get("taints") or [])
-
-
 def slice_gpus(slices: Iterable[Obj], state: DraState) -> None:
     """The GPUs of every node from the gpushare.io slices; devices we cannot read become problems."""
     for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRA_DRIVER:
-            continue
-        node = str(spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "")
-        if not node:
-            state.problem("", f"ResourceSlice {(s.get('metadata') or {}).get('name')}: no node")
-            continue
-        gpus = state.gpus.setdefault(node, [])
-        for d in spec.get("devices") or []:
-            name = str(d.get("name", ""))
-            attrs = d.get("attributes") or {}
-            try:
-                memory = quantity_mib(_capacity(d.get("capacity") or {}, DRA_CAPACITY_MEMORY), f"device {name} memory")
-                index = _attr(attrs, DRA_ATTR_INDEX)
-                if not isinstance(index, int) or isinstance(index, bool):
-                    raise InvalidRequest(f"device {name}: attribute index is {index!r}, not an int")
-            except InvalidRequest as exc:
-                state.problem(node, f"ResourceSlice {(s.get('metadata') or {}).get('name')}: {exc}")
-                continue
-            uuid, model = str(_attr(attrs, DRA_ATTR_UUID) or ""), str(_attr(attrs, DRA_ATTR_MODEL) or "")
-            gpus.append(DraGpu(node, name, index, uuid, model, memory, _healthy(d)))
+        node, gpus, problems = slice_devices(s)
+        for text in problems:
+            state.problem(node, text)
+        if node:
+            state.gpus.setdefault(node, []).extend(gpus)
     for gpus in state.gpus.values():
         gpus.sort(key=lambda g: g.index)
 
@@ -131,33 +62,21 @@ def claim_shares(claims: Iterable[Obj], state: DraState) -> None:
     """Each allocated claim's memory on each gpushare.io device, per node (the result's pool)."""
     by_device = {(g.node, g.device): g for gpus in state.gpus.values() for g in gpus}
     for c in claims:
-        meta = c.get("metadata") or {}
-        status = c.get("status") or {}
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-        ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-        pods = [
-            (ns, str(r.get("name", "")))
-            for r in status.get("reservedFor") or []
-            if r.get("resource") == "pods" and not r.get("apiGroup")
-        ]
+        ns, name = claim_name(c)
+        pods = [(pns, pname) for pns, pname, _ in claim_pods(c)]
+        results, problems = claim_results(c)
+        for text in problems:
+            state.problem("", text)
         per_node: dict[str, DraClaim] = {}
         for r in results:
-            if r.get("driver") != DRA_DRIVER:
-                continue
-            node, device = str(r.get("pool", "")), str(r.get("device", ""))
-            gpu = by_device.get((node, device))
+            gpu = by_device.get((r.pool, r.device))
             if gpu is None:
-                state.problem(node, f"claim {ns}/{name}: device {device} of pool {node} is in no gpushare.io slice")
+                where = f"device {r.device} of pool {r.pool}"
+                state.problem(r.pool, f"claim {ns}/{name}: {where} is in no {DRA_DRIVER} slice")
                 continue
-            consumed = r.get("consumedCapacity") or {}
-            raw = consumed.get(DRA_CAPACITY_MEMORY, consumed.get(f"{DRA_DRIVER}/{DRA_CAPACITY_MEMORY}"))
-            try:
-                mib = gpu.memory_mib if raw is None else quantity_mib(raw, f"claim {ns}/{name} memory")
-            except InvalidRequest as exc:
-                state.problem(node, str(exc))
-                continue
-            share = per_node.setdefault(node, DraClaim(ns, name, node, pods=list(pods)))
-            share.devices[device] = share.devices.get(device, 0) + mib
+            mib = gpu.memory_mib if r.mib is None else r.mib
+            share = per_node.setdefault(r.pool, DraClaim(ns, name, r.pool, pods=list(pods)))
+            share.devices[r.device] = share.devices.get(r.device, 0) + mib
         state.claims.extend(per_node.values())
 
 

@@ -29,10 +29,12 @@ from cachetools import TTLCache
 
 from share_core.assignment import pod_is_finished, pod_key
 from share_core.contract import MemoryUnit
+from share_core.dra import ClaimAsk, claim_name
 from share_core.gpus import GpuInfo, node_gpus
 from share_core.podresources import node_allocatable, pod_host_request
 from share_core.request import InvalidRequest, pod_request
 from share_placement import Demand, NodeState, NodeView
+from share_scheduler.drastate import CLAIM_PART, DraIndex
 from share_scheduler.nodes import (
     Assumed,
     Contribution,
@@ -47,7 +49,8 @@ from share_scheduler.nodes import (
 log = logging.getLogger(__name__)
 
 DEFAULT_ASSUME_TTL = 300.0  # seconds an assumed pod counts without the API server confirming its Binding
-HOLD_TTL = 30.0  # seconds filter's hold on a node's GPUs waits for the pod's bind
+HOLD_TTL = 30.0  # seconds filter's hold on a node's GPUs waits for the pod's bind (or its claims' allocation)
+CLAIM_HOLD = "hold:"  # key prefix of filter's hold on the GPUs a pod's claims will be allocated
 CHANGE_LOG_LIMIT = 200_000  # node changes kept for node_changes() readers; one that falls behind re-reads all
 VIEW_INTERN_LIMIT = 50_000  # distinct node views remembered for sharing view ids (at least 4 per node)
 
@@ -61,8 +64,10 @@ class ClusterCache:
         assume_ttl: float = DEFAULT_ASSUME_TTL,
         timer: Callable[[], float] = time.monotonic,
         on_new_pod: Callable[[Demand], None] | None = None,
+        dra: bool = False,
     ) -> None:
         self.unit = unit
+        self.dra = dra
         self._lock = threading.RLock()
         self._timer = timer
         self._nodes: dict[str, NodeEntry] = {}
@@ -75,6 +80,10 @@ class ClusterCache:
         self._seen_requests: set[str] = set()  # pods already reported to on_new_pod (uid or key)
         self._on_new_pod = on_new_pod
         self._synced = {"nodes": False, "pods": False}
+        if dra:
+            self._synced.update(resourceslices=False, resourceclaims=False)
+        self._dra = DraIndex(unit)
+        self._claim_holds: dict[str, set[str]] = {}  # claim key -> hold keys waiting for its allocation
         # Views seen -> their ids, so nodes in equal states share one id. Bounded: when it is full it
         # starts afresh; ids are never reused, so older snapshots keep ids that still name their view.
         self._views: dict[NodeView, int] = {}
@@ -146,12 +155,15 @@ class ClusterCache:
                 entry.used[pos] += sign * c.per_gpu
         entry.cpu += sign * c.cpu
         entry.memory += sign * c.memory
-        entry.pods += sign
+        entry.pods += sign * c.pods
         entry.touch()
         self._changed(c.node)
 
     def _effective(self, key: str) -> Contribution | None:
-        """Pure rule: a pod bound per the API counts as the API says; else our assumption counts."""
+        """Pure rule: a pod bound per the API counts as the API says; else our assumption counts. A DRA
+        claim's part counts as its allocation says."""
+        if key.startswith(CLAIM_PART):
+            return self._dra.part(key)
         record = self._pods.get(key)
         if record is not None and record.node:
             return record.contribution
@@ -217,7 +229,7 @@ class ClusterCache:
                     entry.used[pos] += c.per_gpu
             entry.cpu += c.cpu
             entry.memory += c.memory
-            entry.pods += 1
+            entry.pods += c.pods
         entry.touch()
         self._changed(name)
 
@@ -234,12 +246,22 @@ class ClusterCache:
             log.warning("node %s: ignoring its GPUs: %s", name, exc)
             return NodeEntry.build(name, (), problem=str(exc), allocatable=allocatable)
 
+    def _with_slices(self, entry: NodeEntry) -> NodeEntry:
+        """A node without GPUs of its own (no device plugin annotation) takes those our slices publish."""
+        if entry.problem or (entry.gpus and not entry.order):
+            return entry
+        gpus, order = self._dra.node_gpus(entry.name)
+        out = NodeEntry.build(entry.name, gpus, allocatable=entry.allocatable)
+        out.order = order
+        return out
+
     def _set_node_locked(self, node: Mapping[str, Any]) -> None:
-        entry = self._node_entry(node)
+        entry = self._with_slices(self._node_entry(node))
         old = self._nodes.get(entry.name)
         if (
             old is not None
             and old.gpus == entry.gpus
+            and old.order == entry.order
             and old.problem == entry.problem
             and old.allocatable == entry.allocatable
         ):
@@ -276,6 +298,116 @@ class ClusterCache:
             self._synced["nodes"] = True
             if self._synced["pods"]:
                 self._warm()
+
+    # -- DRA: our ResourceSlices and the claims allocated from them --------------------------------
+
+    def _slices_changed(self, nodes: Iterable[str], claims: Iterable[str]) -> None:
+        for name in nodes:
+            old = self._nodes.get(name)
+            if old is None:
+                continue
+            entry = self._with_slices(old)
+            if entry is old or (entry.gpus == old.gpus and entry.order == old.order):
+                continue
+            self._nodes[name] = entry
+            self._count_gpus(old.gpus, -1)
+            self._count_gpus(entry.gpus, +1)
+            self._recount_node(name)
+        for claim in claims:
+            for key in self._dra.resolve(claim):
+                self._refresh(key)
+        self._tell_largest_gpu()
+
+    def upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._slices_changed(*self._dra.set_slice(str((obj.get("metadata") or {}).get("name", "")), obj))
+
+    def delete_slice(self, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            self._slices_changed(*self._dra.set_slice(str((obj.get("metadata") or {}).get("name", "")), None))
+
+    def replace_slices(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            names = set()
+            nodes: set[str] = set()
+            claims: set[str] = set()
+            for obj in objs:
+                name = str((obj.get("metadata") or {}).get("name", ""))
+                names.add(name)
+                n, c = self._dra.set_slice(name, obj)
+                nodes |= n
+                claims |= c
+            for name in set(self._dra.slices) - names:
+                n, c = self._dra.set_slice(name, None)
+                nodes |= n
+                claims |= c
+            self._slices_changed(nodes, claims)
+            self._synced["resourceslices"] = True
+
+    def _claim_changed(self, key: str, obj: Mapping[str, Any] | None) -> None:
+        touched, _ = self._dra.set_claim(key, obj)
+        for part in touched:
+            self._refresh(part)
+        if obj is None or self._dra.allocated(key):
+            self._release_claim_holds(key)
+
+    def upsert_claim(self, obj: Mapping[str, Any]) -> None:
+        ns, name = claim_name(obj)
+        with self._lock:
+            self._expire()
+            self._claim_changed(f"{ns}/{name}", obj)
+
+    def delete_claim(self, obj: Mapping[str, Any]) -> None:
+        ns, name = claim_name(obj)
+        with self._lock:
+            self._expire()
+            self._claim_changed(f"{ns}/{name}", None)
+
+    def replace_claims(self, objs: Iterable[Mapping[str, Any]]) -> None:
+        with self._lock:
+            self._expire()
+            touched, allocated = self._dra.replace_claims(objs)
+            for part in touched:
+                self._refresh(part)
+            for key in [*allocated, *(k for k in self._claim_holds if k not in self._dra.claims)]:
+                self._release_claim_holds(key)
+            self._synced["resourceclaims"] = True
+
+    def claim(self, namespace: str, name: str) -> tuple[bool, bool, ClaimAsk | None]:
+        """(known, allocated, what it asks of our DeviceClass) of one ResourceClaim."""
+        with self._lock:
+            key = f"{namespace}/{name}"
+            entry = self._dra.claims.get(key)
+            if entry is None:
+                return False, False, None
+            return True, bool(entry.results), entry.ask
+
+    def learn_claim(self, obj: Mapping[str, Any]) -> None:
+        """A claim filter read from the API server (the watch had not brought it yet)."""
+        ns, name = claim_name(obj)
+        with self._lock:
+            if f"{ns}/{name}" not in self._dra.claims:
+                self._claim_changed(f"{ns}/{name}", obj)
+
+    def hold_claims(self, pod: str, uid: str, contribution: Contribution, claims: Iterable[str]) -> None:
+        """Count the GPU memory a pod's claims will take on the device(s) the allocator will pick, from
+        filter until their allocation shows (it then counts as itself) or `hold_ttl` passes."""
+        key = f"{CLAIM_HOLD}{pod}"
+        with self._lock:
+            self._expire()
+            now = self._timer()
+            self._assumed[key] = Assumed(uid, contribution, now, held=True)
+            self._hold_deadlines[key] = now + self.hold_ttl
+            self._hold_deadlines.move_to_end(key)
+            for claim in claims:
+                self._claim_holds.setdefault(claim, set()).add(key)
+            self._refresh(key)
+
+    def _release_claim_holds(self, claim: str) -> None:
+        for key in self._claim_holds.pop(claim, ()):
+            if self._assumed.pop(key, None) is not None:
+                self._hold_deadlines.pop(key, None)
+                self._refresh(key)
 
     # -- pods ------------------------------------------------------------------------------------
 

@@ -33,9 +33,10 @@ def serve(a: argparse.Namespace) -> None:
         a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
     )
     log.info(
-        "gpushare extender: policy %s (filter keeps %s nodes), unit %s, %d threads, listening on %s:%d",
+        "gpushare extender: policy %s (filter keeps %s nodes%s), unit %s, %d threads, listening on %s:%d",
         a.policy,
         a.filter_keeps,
+        "; DRA claims too" if a.dra else "",
         a.memory_unit,
         a.threads,
         a.bind_address,
@@ -48,6 +49,7 @@ def serve(a: argparse.Namespace) -> None:
         assume_ttl=a.assume_ttl,
         filter_keeps=a.filter_keeps,
         bind_events=a.bind_events,
+        dra=a.dra,
     )
     app = create_app(extender=extender)
     try:
@@ -106,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
             help="serving threads in the one process (default 32): kube-scheduler's binds arrive concurrently "
             "and each waits on the API server; a filter must never queue behind them",
         )
+        p.add_argument(
+            "--dra",
+            action=argparse.BooleanOptionalAction,
+            default=d(False),
+            help="DRA mode too: read gpushare.io ResourceSlices and every ResourceClaim, and place pods whose "
+            "claims ask our DeviceClass by the policy (kube-scheduler's allocator then takes the device "
+            "share-dra lists first); needs resource.k8s.io/v1 (Kubernetes 1.34+)",
+        )
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(
@@ -128,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="best: no prioritizeVerb (the extender's filter already chose); fitting: filter + prioritize",
     )
     cfg.add_argument(
+        "--bind",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the extender binds (device-plugin mode: it writes the GPU annotations); --no-bind for DRA mode "
+        "alone, where kube-scheduler binds and its DynamicResources plugin writes the claims",
+    )
+    cfg.add_argument(
         "--leader-elect", action=argparse.BooleanOptionalAction, default=True, help="kube-scheduler leader election"
     )
     serve_flags(parser, with_defaults=True)  # `share-scheduler --port ...` serves, too
@@ -143,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kubeconfig=args.kubeconfig,
                 leader_elect=args.leader_elect,
                 filter_keeps=args.filter_keeps,
+                bind=args.bind,
             )
         )
         return 0

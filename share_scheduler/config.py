@@ -37,6 +37,7 @@ def scheduler_config(
     leader_elect: bool = True,
     scheduler_name: str = SCHEDULER_NAME,
     filter_keeps: str = "best",
+    bind: bool = True,
 ) -> dict[str, Any]:
     """The configuration as plain data (tests validate its shape; print_config renders it).
 
@@ -83,6 +84,10 @@ def scheduler_config(
     if filter_keeps == "best":
         extender = config["extenders"][0]
         del extender["prioritizeVerb"], extender["weight"]
+    if not bind:
+        # DRA mode alone: kube-scheduler's DefaultBinder binds, after its DynamicResources PreBind wrote
+        # the claims' allocation; the extender only filters.
+        del config["extenders"][0]["bindVerb"]
     if kubeconfig:
         config["clientConnection"] = {"kubeconfig": kubeconfig}
     return config

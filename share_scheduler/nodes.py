@@ -23,13 +23,15 @@ from share_placement import Demand, GpuSlot, NodeState, NodeView, node_view
 @dataclass(frozen=True, slots=True)
 class Contribution:
     """What one pod takes on one node: `per_gpu` units on each of `indices` (none for a pod without a
-    GPU), `cpu` millicores, `memory` bytes and one pod slot, as kube-scheduler's NodeInfo counts it."""
+    GPU), `cpu` millicores, `memory` bytes and one pod slot, as kube-scheduler's NodeInfo counts it.
+    A DRA claim's share of a GPU (or filter's hold on one) takes no pod slot: `pods` 0."""
 
     node: str
     indices: tuple[int, ...]
     per_gpu: int
     cpu: int = 0
     memory: int = 0
+    pods: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,7 @@ class NodeSnapshot:
     free_desc: tuple[int, ...]  # free units of the healthy GPUs, largest first (O(1) fits, any model)
     allocatable: Allocatable = NO_ALLOCATABLE
     requested: tuple[int, int, int] = (0, 0, 0)  # CPU millicores, memory bytes, pods bound here
+    order: tuple[int, ...] = ()  # a DRA node: GPU indices in the order its slice lists them (first fit)
     memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
 
@@ -140,6 +143,7 @@ class NodeEntry:
     cpu: int = 0  # millicores requested by the pods bound here (and ours assumed or held)
     memory: int = 0  # bytes, likewise
     pods: int = 0  # pods counted here
+    order: tuple[int, ...] = ()  # GPUs from our ResourceSlices (DRA mode): their indices in slice order
     _snap: NodeSnapshot | None = field(default=None, repr=False)
 
     @classmethod
@@ -198,6 +202,7 @@ class NodeEntry:
                 free_desc,
                 self.allocatable,
                 (self.cpu, self.memory, self.pods),
+                self.order,
             )
         return snap
 

@@ -11,7 +11,7 @@ never send (not JSON, missing or mistyped fields) is answered 400, still with a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from share_placement import Demand, Policy, learns, make_policy
 from share_scheduler.bestnodes import BestNodeIndex
 from share_scheduler.binder import BIND_EVENTS, Binder, BindError, parse_bind_args
 from share_scheduler.cache import ClusterCache
+from share_scheduler.claimdemand import ClaimDemands
 from share_scheduler.extender import (
     FILTER_KEEPS,
     BadRequest,
@@ -74,6 +75,7 @@ class Extender:
         sync_backoff: Callable[[], Backoff] = Backoff,
         filter_keeps: str = "best",
         bind_events: str = "failures",
+        dra: bool = False,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -82,7 +84,9 @@ class Extender:
         if filter_keeps not in FILTER_KEEPS:
             raise ValueError(f"filter_keeps must be one of {', '.join(FILTER_KEEPS)}, not {filter_keeps!r}")
         if cache is None:
-            cache = ClusterCache(unit=unit) if assume_ttl is None else ClusterCache(unit=unit, assume_ttl=assume_ttl)
+            ttl = {} if assume_ttl is None else {"assume_ttl": assume_ttl}
+            cache = ClusterCache(unit=unit, dra=dra, **ttl)
+        self.kube = kube
         self.policy = policy
         self.unit = unit
         self.cache = cache
@@ -109,6 +113,7 @@ class Extender:
         if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
             cache.set_largest_gpu_observer(self._largest_gpu)
         self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
+        self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
 
     def start(self) -> None:
         self.syncer.start()
@@ -143,23 +148,33 @@ class Extender:
         # strand; binpack packs it where GPUs are taken): every pod of the profile reaches us.
         request, demand = wanted
         self.binder.remember(args.pod, request, demand)
+        claims = self.claims.demand(args.pod, demand) if self.claims is not None else None
+        if claims is not None and claims.demand is None:
+            return 200, filter_result(args, list(args.names), {}, {})  # a shape left to kube-scheduler
+        placement = claims.demand if claims is not None and claims.demand is not None else demand
         if self.keep_best:
-            if self.index is not None:
-                passed = self.index.best(demand, args.names)
-            else:
-                scores = policy_scores(
-                    self.policy, demand, self.cache.entries(args.names), self.memo, self.binder.policy_lock
-                )
-                passed = best_nodes(scores, self.random_ties)
+            passed = self._best(placement, args.names)
+            if not passed and placement is not demand:
+                # kube-scheduler's own DRA filter found room for the claims on these nodes; our view of the
+                # claims lags it (a watch behind): rank them by the rest of the pod rather than refuse it.
+                passed = self._best(demand, args.names)
             failed, unresolvable = {}, {}
             if not passed:
-                _, failed, unresolvable = filter_nodes(demand, self.cache.entries(args.names), self.unit)
+                _, failed, unresolvable = filter_nodes(placement, self.cache.entries(args.names), self.unit)
         else:
-            passed, failed, unresolvable = filter_nodes(demand, self.cache.entries(args.names), self.unit)
+            passed, failed, unresolvable = filter_nodes(placement, self.cache.entries(args.names), self.unit)
         if len(passed) == 1:
             # kube-scheduler takes a lone node without scoring (schedulePod): hold its GPUs for the bind.
             self.binder.hold(args.pod, passed[0], demand)
+            if claims is not None:
+                self.claims.hold(args.pod, passed[0], claims)
         return 200, filter_result(args, passed, failed, unresolvable)
+
+    def _best(self, demand: Demand, names: Sequence[str]) -> list[str]:
+        if self.index is not None:
+            return self.index.best(demand, names)
+        scores = policy_scores(self.policy, demand, self.cache.entries(names), self.memo, self.binder.policy_lock)
+        return best_nodes(scores, self.random_ties)
 
     def prioritize(self, raw: bytes) -> tuple[int, Any]:
         try:

@@ -1,0 +1,86 @@
+"""The policy in DRA mode: the order a node's devices are published in, and the device the allocator takes.
+
+kube-scheduler scores no devices (kubernetes/enhancements#4970): its structured allocator takes the first
+device that fits, walking pools by name, each pool's slices, and each slice's `devices` in array order
+(`allocateOne`, k8s.io/dynamic-resource-allocation/structured/internal/incubating). share-dra owns the
+one slice of its node's one pool, so the array order is ours to set: listed in the order the policy would
+pick them, first fit *is* the policy's pick.
+
+One order serves every request size only where the policy's preference does not depend on the size.
+`binpack` (best fit) is such a policy: listed fullest first (ties by index), the first GPU with room for
+any size is the fullest that fits, which is binpack's choice. `spread` is the reverse. `frag`'s choice
+depends on the size; the order is its pick for the size the node sees most (`DeviceOrderer.probe`), then
+its pick among the rest, and so on; for other sizes first fit may differ from frag's pick
+(`bench/bench_dra.py placement` measures what that costs; docs/dra.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from share_placement.model import Demand, NodeState, Policy, model_allowed
+
+
+def first_fit(order: tuple[int, ...], node: NodeState, demand: Demand) -> tuple[int, ...] | None:
+    """The GPU indices the structured allocator gives `demand` on `node` with devices listed in `order`:
+    for each of `count` shares, the first listed device not yet taken by this demand, healthy, of an
+    allowed model, with `per_gpu` free (shares of one demand on distinct GPUs: the `distinctAttribute`
+    constraint our multi-GPU claims carry). None when the node cannot take it. Host CPU and memory are
+    kube-scheduler's NodeResourcesFit's business, not the allocator's: not checked here."""
+    by_index = {g.index: g for g in node.gpus}
+    chosen: list[int] = []
+    for index in order:
+        g = by_index.get(index)
+        if g is None or not g.healthy or g.free < demand.per_gpu or not _allowed(demand, g.model):
+            continue
+        chosen.append(index)
+        if len(chosen) == demand.count:
+            return tuple(chosen)
+    return None
+
+
+def _allowed(demand: Demand, model: str) -> bool:
+    return not demand.models or model_allowed(demand.models, model)
+
+
+def device_order(policy: Policy, node: NodeState, probe: Demand) -> tuple[int, ...]:
+    """Every GPU index of `node`, in the order the policy picks them for one-GPU `probe` shares: its pick
+    among all, then its pick among the rest, ...; GPUs the probe fits on none of come last, fullest
+    first (they take only smaller shares, which best fit sends to the fullest). Unhealthy ones last of all."""
+    one = replace(probe, count=1, models=(), cpu=0, memory=0)
+    remaining = [g for g in node.gpus if g.healthy]
+    order: list[int] = []
+    while remaining:
+        chosen = policy.choose(replace(node, gpus=tuple(remaining), cpu_free=None, memory_free=None), one)
+        if not chosen:
+            break
+        order.append(chosen[0])
+        remaining = [g for g in remaining if g.index != chosen[0]]
+    order += [g.index for g in sorted(remaining, key=lambda g: (g.free, g.index))]
+    order += [g.index for g in node.gpus if not g.healthy]
+    return tuple(order)
+
+
+class DeviceOrderer:
+    """The order share-dra publishes, for one policy, learning the sizes claims ask as they come.
+
+    `probe` is the one-GPU size seen most often (1 unit until any is seen): the size whose placement the
+    order gets exactly right for `frag`; for `binpack` and `spread` any size gives the same order."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.sizes: Counter[int] = Counter()
+
+    def observe(self, demand: Demand) -> None:
+        if demand.count and demand.per_gpu > 0:
+            self.sizes[demand.per_gpu] += demand.count
+        self.policy.observe(demand)
+
+    @property
+    def probe(self) -> Demand:
+        size = self.sizes.most_common(1)[0][0] if self.sizes else 1
+        return Demand(per_gpu=size)
+
+    def order(self, node: NodeState) -> tuple[int, ...]:
+        return device_order(self.policy, node, self.probe)
