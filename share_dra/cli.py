@@ -28,6 +28,7 @@ from share_core.contract import (
     MemoryUnit,
 )
 from share_node.backend.options import add_backend_args, open_backend
+from share_placement import POLICIES
 
 log = logging.getLogger("share_dra")
 
@@ -82,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hard GPU memory limit per pod (its claims' capacity), enforced by the NVIDIA driver per cgroup "
         "(R615+, cgroup v2, not MIG): auto (where supported, else say why), cgroup (required), off",
     )
+    p.add_argument(
+        "--policy",
+        default=env("GPUSHARE_POLICY", ""),
+        choices=["", *sorted(POLICIES)],
+        help="list the GPUs in this placement policy's order, kept as claims come and go, so kube-scheduler's "
+        "first fit takes the GPU the policy would (watches every ResourceClaim); empty (default): index order",
+    )
     p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     return p
 
@@ -115,7 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     api = ApiServerDraApi(client)
     driver_version = str(getattr(backend, "driver_version", "") or "")
-    publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version, args.unhealthy)
+    usage = None
+    order = None
+    if args.policy:
+        from share_dra.order import ClaimUsage, policy_order
+        from share_placement import make_policy
+        from share_placement.draorder import DeviceOrderer
+
+        usage = ClaimUsage(args.node_name, unit, DeviceOrderer(make_policy(args.policy)), lambda: publisher.kick.set())
+        order = policy_order(args.node_name, usage, unit)
+    publisher = SlicePublisher(api, args.node_name, backend.gpus, unit, driver_version, args.unhealthy, order)
     from share_dra import hardlimit
     from share_node.hardlimit import HardLimitError
 
@@ -169,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(
             target=hardlimit.run, args=(limiter, driver.pod_limits(), stop), name="hard-limit", daemon=True
         ).start()
+    if usage is not None:
+        threading.Thread(target=usage.run, args=(client, stop), name="claim-usage", daemon=True).start()
     if args.health_check:
         threading.Thread(target=backend.watch_health, args=(stop, on_health), name="health", daemon=True).start()
     log.info(

@@ -1,4 +1,5 @@
-"""Keeps this node's ResourceSlice equal to its healthy GPUs: at start, on every health change, and now and then.
+"""Keeps this node's ResourceSlice equal to its healthy GPUs: at start, on every health change, and now and then;
+with a policy, listed in the policy's order (share_dra.order), rewritten when that order moves.
 
 The slice is the node's one pool (named after the node); every change bumps the pool's generation, which
 is how kube-scheduler knows the newer slice replaces the older. Slices of our driver for this node under
@@ -29,8 +30,10 @@ class SlicePublisher:
         unit: MemoryUnit = MemoryUnit.GiB,
         driver_version: str = "",
         unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
+        order: Callable[[Sequence[Gpu]], Sequence[int]] | None = None,
     ) -> None:
         self.api = api
+        self.order = order  # the policy's device order (share_dra.order); None: index order
         self.unhealthy = unhealthy
         self.node = node
         self.gpus = gpus
@@ -65,13 +68,16 @@ class SlicePublisher:
                     self.api.delete_slice(s["metadata"]["name"])
                 except NotFound:
                     pass
+        order = tuple(self.order(gpus)) if self.order is not None else ()
         if current is None:
-            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version, self.unhealthy)
+            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version, self.unhealthy, order)
             self._check_served(self.api.create_slice(obj), obj)
             self._report("published", obj, gpus)
             return True
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-        wanted = slices.resource_slice(self.node, gpus, self.unit, generation, self.driver_version, self.unhealthy)
+        wanted = slices.resource_slice(
+            self.node, gpus, self.unit, generation, self.driver_version, self.unhealthy, order
+        )
         if slices.same_devices(current["spec"], wanted["spec"]):
             return False
         wanted["spec"]["pool"]["generation"] = generation + 1

@@ -91,6 +91,13 @@ def offered(gpus: Sequence[Gpu], unit: MemoryUnit, unhealthy: str = DRA_UNHEALTH
     return [g for g in gpus if (g.healthy or keep_unhealthy) and capacity_mib(g, unit) >= unit.mib]
 
 
+def in_order(gpus: Sequence[Gpu], order: Sequence[int] = ()) -> list[Gpu]:
+    """The GPUs as `order` lists their indices (the policy's preference: kube-scheduler's allocator takes
+    the first that fits); any it does not name follow in index order."""
+    rank = {index: i for i, index in enumerate(order)}
+    return sorted(gpus, key=lambda g: (rank.get(g.index, len(rank)), g.index))
+
+
 def slice_spec(
     node: str,
     gpus: Sequence[Gpu],
@@ -98,13 +105,16 @@ def slice_spec(
     generation: int,
     driver_version: str = "",
     unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
+    order: Sequence[int] = (),
 ) -> Obj:
-    """The spec of the node's one slice; `generation` is the pool's (bumped on every change)."""
+    """The spec of the node's one slice; `generation` is the pool's (bumped on every change); devices
+    listed in `order` (GPU indices; empty: index order)."""
+    listed = in_order(offered(gpus, unit, unhealthy), order)
     return {
         "driver": DRA_DRIVER_NAME,
         "nodeName": node,
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-        "devices": [device(g, unit, driver_version, unhealthy) for g in offered(gpus, unit, unhealthy)],
+        "devices": [device(g, unit, driver_version, unhealthy) for g in listed],
     }
 
 
@@ -120,13 +130,14 @@ def resource_slice(
     generation: int,
     driver_version: str = "",
     unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
+    order: Sequence[int] = (),
 ) -> Obj:
     """The whole ResourceSlice object to create."""
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",
         "metadata": {"name": slice_name(node)},
-        "spec": slice_spec(node, gpus, unit, generation, driver_version, unhealthy),
+        "spec": slice_spec(node, gpus, unit, generation, driver_version, unhealthy, order),
     }
 
 

@@ -71,6 +71,7 @@ class DeviceOrderer:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.sizes: Counter[int] = Counter()
+        self._gpu_unit = 0
 
     def observe(self, demand: Demand) -> None:
         if demand.count and demand.per_gpu > 0:
@@ -83,4 +84,9 @@ class DeviceOrderer:
         return Demand(per_gpu=size)
 
     def order(self, node: NodeState) -> tuple[int, ...]:
+        largest = max((g.total for g in node.gpus), default=0)
+        if largest != self._gpu_unit and hasattr(self.policy, "set_gpu_unit"):
+            # frag's gap price packs shares into GPUs of the largest size; a node agent knows its own.
+            self.policy.set_gpu_unit(largest or None)
+            self._gpu_unit = largest
         return device_order(self.policy, node, self.probe)
