@@ -4,6 +4,10 @@
 real API server (configuration loaded by the `kubernetes` package: kubeconfig or in-cluster), and
 `share_core.fake.FakeKube` is the in-memory stand-in for unit tests. Objects are plain dicts in the
 API's JSON form, so the same code reads a pod from the API server, from a watch, or from kube-scheduler.
+
+One piece: it is the one place that knows the API's wire behaviour (errors by status, paging, watches in
+JSON and protobuf, token refresh, kept-open connections); the interface and its only real implementation
+change together.
 """
 
 from __future__ import annotations

@@ -13,7 +13,13 @@ Two sources of truth are merged:
 - our own binds, which count *before* the API server shows them ("assumed" pods, in a TTLCache): from
   the moment bind chooses a GPU until the watch shows the pod bound, is rolled back, or the TTL expires
   (a Binding that never appeared); and filter's holds, which count a lone node's GPUs for a pod from
-  its filter to its bind (`hold`, lapsing after HOLD_TTL unless bind turns them into an assumption).
+  its filter to its bind (`hold`, lapsing after HOLD_TTL unless bind turns them into an assumption);
+- in DRA mode, our ResourceSlices (a node's GPUs) and the allocated ResourceClaims (each device result a
+  contribution, share_scheduler.drastate), with filter's holds on the device a claim will get.
+
+One piece: the invariant "each node's used vectors equal the sum of what is counted on it" is kept by
+every writer (watches of four kinds, bind, filter's holds, expiry) under one lock; the pure parts
+(nodes.py, drastate.py) live apart, the writers that must share the lock stay here.
 """
 
 from __future__ import annotations

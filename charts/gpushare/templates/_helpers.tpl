@@ -96,7 +96,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- if and (ne .Values.mode "dra") .Values.devicePlugin.enabled }}true{{ end }}
 {{- end }}
 {{- define "gpushare.schedulerOn" -}}
-{{- if and (ne .Values.mode "dra") .Values.scheduler.enabled }}true{{ end }}
+{{- if and .Values.scheduler.enabled (or (ne .Values.mode "dra") (eq .Values.dra.placement "policy")) }}true{{ end }}
+{{- end }}
+{{- /* DRA claims placed by the policy: the extender reads slices and claims, share-dra orders its devices. */}}
+{{- define "gpushare.draPlacementOn" -}}
+{{- if and (ne .Values.mode "deviceplugin") .Values.scheduler.enabled (eq .Values.dra.placement "policy") }}true{{ end }}
 {{- end }}
 {{- define "gpushare.draOn" -}}
 {{- if ne .Values.mode "deviceplugin" }}true{{ end }}
@@ -157,6 +161,9 @@ filterKeeps: {{ $s.filterKeeps }}
 bindEvents: {{ $s.bindEvents }}
 threads: {{ $s.threads }}
 memoryUnit: {{ .Values.memoryUnit }}
+{{- if include "gpushare.draPlacementOn" . }}
+dra: true
+{{- end }}
 logLevel: {{ upper .Values.logLevel }}
 {{- end }}
 
@@ -220,6 +227,9 @@ unhealthy: {{ $d.unhealthy }}
 hardLimit: {{ $hl | quote }}
 {{- if ne $hl "off" }}
 cgroupRoot: {{ trimSuffix "/" $d.cgroupRoot }}
+{{- end }}
+{{- if include "gpushare.draPlacementOn" . }}
+policy: {{ .Values.scheduler.policy }}
 {{- end }}
 logLevel: {{ upper .Values.logLevel }}
 {{- end }}

@@ -2,7 +2,9 @@
 The KubeSchedulerConfiguration kube-scheduler starts from. Keep it in step with
 `share-scheduler print-config` (tests/unit/chart compares the two):
   - profile gpushare-scheduler, the extender for filter and bind (and prioritize with
-    filterKeeps fitting; with best its filter already kept only the policy's best nodes);
+    filterKeeps fitting; with best its filter already kept only the policy's best nodes); in mode dra
+    alone no bind: kube-scheduler's DefaultBinder binds after its DynamicResources PreBind wrote the
+    claims (the extender chose the node; share-dra's device order, the GPU);
   - percentageOfNodesToScore 100: by default kube-scheduler stops looking after a sample of the
     nodes in a large cluster, so the extender would never see the best-fitting GPU;
   - (fitting) a dominant extender weight; the score plugins that fight packing turned off: kube-scheduler
@@ -42,7 +44,9 @@ extenders:
     prioritizeVerb: prioritize
     weight: {{ .Values.scheduler.extenderWeight }}
     {{- end }}
+    {{- if include "gpushare.devicePluginOn" . }}
     bindVerb: bind
+    {{- end }}
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}
     ignorable: false

@@ -66,8 +66,9 @@ def test_default_mode_is_the_device_plugin_with_nothing_of_dra(helm: Any) -> Non
     assert h.objects(docs, "Deployment"), "the extender's scheduler"
 
 
-def test_dra_mode_installs_the_driver_and_no_extender(dra_docs: list[Obj]) -> None:
-    kinds = sorted(d["kind"] for d in dra_docs)
+def test_dra_mode_with_kube_schedulers_placement_installs_the_driver_and_no_extender(helm: Any) -> None:
+    docs = render("dra", **{"dra.placement": "kube-scheduler"})
+    kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
             "ServiceAccount",
@@ -80,10 +81,40 @@ def test_dra_mode_installs_the_driver_and_no_extender(dra_docs: list[Obj]) -> No
             "ValidatingAdmissionPolicyBinding",
         ]
     ), kinds
-    assert h.one(dra_docs, "DaemonSet")["metadata"]["name"] == "gpushare-dra-plugin"
+    assert h.one(docs, "DaemonSet")["metadata"]["name"] == "gpushare-dra-plugin"
     # no scheduler, no extender configuration, no uninstall hook for the device plugin's annotations
     assert not {"Deployment", "Service", "Job", "Role"} & set(kinds)
-    assert set(yaml.safe_load(h.one(dra_docs, "ConfigMap")["data"]["config.yaml"])) == {"apiVersion", "kind", "dra"}
+    config = yaml.safe_load(h.one(docs, "ConfigMap")["data"]["config.yaml"])
+    assert set(config) == {"apiVersion", "kind", "dra"} and "policy" not in config["dra"]
+    plugin_role = next(r for r in h.objects(docs, "ClusterRole") if r["metadata"]["name"] == "gpushare-dra-plugin")
+    assert {"resources": ["resourceclaims"], "verbs": ["get"]} in [
+        {k: v for k, v in rule.items() if k != "apiGroups"} for rule in plugin_role["rules"]
+    ]
+
+
+def test_dra_mode_places_claims_by_the_policy_through_a_filter_only_extender(dra_docs: list[Obj]) -> None:
+    deployments = [d["metadata"]["name"] for d in h.objects(dra_docs, "Deployment")]
+    assert deployments == ["gpushare-scheduler"]
+    configs = {c["metadata"]["name"]: c for c in h.objects(dra_docs, "ConfigMap")}
+    program = yaml.safe_load(configs["gpushare-config"]["data"]["config.yaml"])
+    assert program["scheduler"]["dra"] is True
+    assert program["dra"]["policy"] == program["scheduler"]["policy"] == "frag"  # one policy value, both parts
+    sched = yaml.safe_load(configs["gpushare-scheduler-config"]["data"]["scheduler-config.yaml"])
+    (extender,) = sched["extenders"]
+    assert extender["filterVerb"] == "filter" and "bindVerb" not in extender  # kube-scheduler binds DRA pods
+    assert "managedResources" not in extender
+    roles = {r["metadata"]["name"]: r["rules"] for r in h.objects(dra_docs, "ClusterRole")}
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims"],
+            "verbs": ["get", "list", "watch"]} in roles["gpushare-extender"]  # fmt: skip
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+            "verbs": ["get", "list", "watch"]} in roles["gpushare-dra-plugin"]  # fmt: skip
+
+
+def test_both_modes_bind_through_the_extender_and_place_claims_too(both_docs: list[Obj]) -> None:
+    configs = {c["metadata"]["name"]: c for c in h.objects(both_docs, "ConfigMap")}
+    sched = yaml.safe_load(configs["gpushare-scheduler-config"]["data"]["scheduler-config.yaml"])
+    assert sched["extenders"][0]["bindVerb"] == "bind"  # device-plugin pods get their GPU annotations
+    assert yaml.safe_load(configs["gpushare-config"]["data"]["config.yaml"])["scheduler"]["dra"] is True
 
 
 def test_dra_mode_ignores_the_device_plugin_and_scheduler_switches(helm: Any) -> None:
@@ -319,9 +350,11 @@ def test_device_plugin_affinity_unchanged_outside_both_mode(helm: Any) -> None:
 
 def test_dra_rbac_is_exactly_what_the_plugin_calls(dra_docs: list[Obj]) -> None:
     rules = _flatten(h.cluster_role_rules(dra_docs, "dra-plugin"))
-    # exactly share_dra/kubeapi.py's calls (tests/integration/test_dra.py runs the plugin with these rules)
+    # exactly share_dra/kubeapi.py's calls (tests/integration/test_dra.py runs the plugin with these rules),
+    # and share_dra/order.py's claim watch (the device order of dra.placement policy, the default)
     slices = {("resource.k8s.io", "resourceslices", v, ()) for v in ("list", "create", "update", "delete")}
-    assert rules == slices | {("resource.k8s.io", "resourceclaims", "get", ())}
+    claims = {("resource.k8s.io", "resourceclaims", v, ()) for v in ("get", "list", "watch")}
+    assert rules == slices | claims
     binding = h.component(h.objects(dra_docs, "ClusterRoleBinding"), "ClusterRoleBinding", "dra-plugin")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpushare-dra-plugin", "namespace": h.DEFAULT_NAMESPACE}
@@ -349,7 +382,8 @@ def test_slice_writes_are_node_scoped_by_policy(dra_docs: list[Obj]) -> None:
 
 def test_no_rbac_no_policy(helm: Any) -> None:
     docs = render("dra", **{"rbac.create": False, "serviceAccount.create": False})
-    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass", "ConfigMap"}
+    scheduler = {"Deployment", "Service", "PodDisruptionBudget"}  # the extender of dra.placement policy
+    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass", "ConfigMap", *scheduler}
 
 
 @pytest.mark.parametrize("mode", ["dra", "both"])
