@@ -12,6 +12,15 @@ claims only allocated). Two measurements:
       fails if any GPU was promised more than its memory. `--claims template`: pods name a
       ResourceClaimTemplate and kube-controller-manager's resourceclaim controller makes the claims.
 
+  python bench/bench_dra.py placement [--nodes 100 --seeds 3 --policy frag]
+      The same replay three ways on each sample: DRA with kube-scheduler's own placement, DRA with our
+      policy (the extender with --dra chooses the node, share-dra's publisher lists each node's GPUs in the
+      policy's order so the allocator's first fit takes the policy's GPU; emulated in process with
+      share-dra's own SlicePublisher and ClaimUsage, fed each claim as its watch would be), and the
+      device-plugin extender with the policy (share-sim on the same arrivals: test_live_vs_sim proves the
+      live extender places pod for pod as share-sim does). Counts GPUs promised more than their memory.
+      Last line: one JSON object (dra_default, dra_policy, extender_<policy>, gpus_over, ...).
+
   python bench/bench_dra.py frag [--nodes 40 --seeds 3]
       Replays an openb sample (nodes drawn per model from ../shared/data/openb, pods in a
       seeded order, drawn with replacement) through kube-scheduler's DRA allocator, one pod at a time,
@@ -23,6 +32,7 @@ claims only allocated). Two measurements:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -47,15 +57,24 @@ from bench_throughput import (  # noqa: E402
     fmt_row,
     measure_burst,
     run_scenario,
+    wait_http,
 )
 
+from share_core.contract import MemoryUnit  # noqa: E402
 from share_core.kube import ApiServerClient, KubeError  # noqa: E402
 from share_dra.claims import quantity_bytes  # noqa: E402
+from share_dra.kubeapi import ApiServerDraApi  # noqa: E402
+from share_dra.order import ClaimUsage, policy_order  # noqa: E402
+from share_dra.publisher import SlicePublisher  # noqa: E402
+from share_node.backend import Gpu  # noqa: E402
+from share_placement import make_policy  # noqa: E402
+from share_placement.draorder import DeviceOrderer  # noqa: E402
+from share_scheduler.config import scheduler_config as extender_scheduler_config  # noqa: E402
 from share_scheduler.sim.engine import build_policy, simulate  # noqa: E402
 from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload, load_openb  # noqa: E402
 from tests.controlplane.barenodes import create_bare_nodes, create_node  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 from tests.controlplane.draworkload import (  # noqa: E402
     RESOURCE_API,
     allocated_devices,
@@ -221,9 +240,17 @@ def wait_scheduled(admin: ApiServerClient, name: str, timeout: float = 60.0) -> 
     raise TimeoutError(f"pod {name} neither bound nor unschedulable in {timeout} s")
 
 
-def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], prefix: str) -> dict[str, Any]:
+def replay_dra(
+    admin: ApiServerClient,
+    workload: Workload,
+    order: list[int],
+    prefix: str,
+    scheduler: str = "default-scheduler",
+    drivers: DraDrivers | None = None,
+) -> dict[str, Any]:
     """Each arrival as a claim + pod through kube-scheduler, one at a time; a pod that fits nowhere is
-    deleted with its claim (the protocol's failed pod). Unallocated % read as share-sim reads it."""
+    deleted with its claim (the protocol's failed pod). Unallocated % read as share-sim reads it.
+    `drivers`: share-dra's publishers, told of each claim as their watch would tell them."""
     capacity = workload.gpu_capacity
     requested = placed = failed = 0
     reasons: Counter[str] = Counter()
@@ -235,10 +262,13 @@ def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], pre
         claim = None
         if pod.count:
             claim = name
-            admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
-                          body=memory_claim(NAMESPACE, name, pod.per_gpu, pod.count, pod.models))  # fmt: skip
-        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
-                      body=claim_pod(NAMESPACE, name, claim, pod.cpu, pod.memory))  # fmt: skip
+            made = admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
+                                 body=memory_claim(NAMESPACE, name, pod.per_gpu, pod.count, pod.models))  # fmt: skip
+            if drivers is not None:
+                drivers.claim_created(made)
+        body = claim_pod(NAMESPACE, name, claim, pod.cpu, pod.memory)
+        body["spec"]["schedulerName"] = scheduler
+        admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
         requested += pod.gpu_request
         node, why = wait_scheduled(admin, name)
         if node is None:
@@ -254,6 +284,8 @@ def replay_dra(admin: ApiServerClient, workload: Workload, order: list[int], pre
             if units != pod.gpu_request:
                 raise AssertionError(f"claim {name}: allocated {devices}, asked {pod.count} x {pod.per_gpu}")
             placed += units
+            if drivers is not None:
+                drivers.claim_allocated(got)
         for mark in marks:
             if marks[mark] is None and requested * 100 >= mark * capacity:
                 marks[mark] = 100.0 - 100.0 * placed / capacity
@@ -316,9 +348,146 @@ def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerCl
         print(f"| {label} | {statistics.fmean(xs):.2f} | {' '.join(f'{x:.2f}' for x in xs)} |")
 
 
+# --------------------------------------------------------------------------- DRA placement by the policy
+
+
+class DraDrivers:
+    """share-dra with --policy on every sampled node, in process: its own SlicePublisher and ClaimUsage
+    per node, told of each claim as its ResourceClaim watch would tell it (created: every node learns the
+    size; allocated: its node's usage moves and the publisher rewrites the slice if the order moved)."""
+
+    def __init__(self, admin: ApiServerClient, nodes: tuple[SimNode, ...], policy: str) -> None:
+        api = ApiServerDraApi(admin)
+        unit = MemoryUnit.GiB
+        self.orderer = DeviceOrderer(make_policy(policy))  # every node's watch sees the same claims
+        self.learner = ClaimUsage("", unit, self.orderer, lambda: None)
+        self.usage: dict[str, ClaimUsage] = {}
+        self.publishers: dict[str, SlicePublisher] = {}
+        self.writes = 0
+        for n in nodes:
+            gpus = [Gpu(i, f"GPU-{n.name}-{i}", n.model, gib << 30, i) for i, gib in enumerate(n.gpus)]
+            usage = self.usage[n.name] = ClaimUsage(n.name, unit, self.orderer, lambda: None)
+            self.publishers[n.name] = SlicePublisher(
+                api, n.name, lambda g=gpus: g, unit, order=policy_order(n.name, usage, unit)
+            )
+
+    def publish_all(self) -> None:
+        for pub in self.publishers.values():
+            self.writes += pub.sync()
+
+    def claim_created(self, claim: dict[str, Any]) -> None:
+        probe = self.orderer.probe
+        self.learner.learn(claim)
+        if self.orderer.probe != probe:  # frag's order follows the size asked most: every node re-sorts
+            self.publish_all()
+
+    def claim_allocated(self, claim: dict[str, Any]) -> None:
+        for pool in {pool for pool, _, _ in allocated_devices(claim)}:
+            if pool in self.usage and self.usage[pool].apply(claim, learn=False):
+                self.writes += self.publishers[pool].sync()
+
+
+def start_dra_extender(cp: ControlPlane, workdir: Path, policy: str) -> tuple[ManagedProcess, str]:
+    """share-scheduler --dra as the chart runs it in mode dra (policy shared with share-dra)."""
+    port = free_port()
+    argv = [sys.executable, "-m", "share_scheduler.cli", "--port", str(port), "--bind-address", "127.0.0.1",
+            "--kubeconfig", str(cp.admin_kubeconfig), "--policy", policy, "--dra", "--log-level", "INFO"]  # fmt: skip
+    proc = ManagedProcess("extender-dra", argv, workdir / f"extender-dra-{policy}.log", cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/readyz", proc, 300)
+    return proc, url
+
+
+def dra_extender_config(qps: int, url: str) -> str:
+    """The chart's kube-scheduler configuration in mode dra: our profile, the extender filter-only."""
+    config = extender_scheduler_config(extender_url=f"{url}/gpushare-scheduler", leader_elect=False, bind=False)
+    config["clientConnection"] = {"qps": qps, "burst": qps}
+    return yaml.safe_dump(config)
+
+
+def gpus_over(admin: ApiServerClient, memory: dict[tuple[str, str], int]) -> int:
+    """GPUs whose allocated claims consume more than the device offers (GiB)."""
+    used: Counter[tuple[str, str]] = Counter()
+    for claim in admin.request("GET", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims").get("items") or []:
+        for pool, device, consumed in allocated_devices(claim):
+            used[(pool, device)] += quantity_bytes(consumed) >> 30
+    return sum(1 for gpu, u in used.items() if u > memory.get(gpu, 0))
+
+
+def clear_sample(admin: ApiServerClient) -> None:
+    delete_all_pods(admin)
+    admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    admin.request("DELETE", f"{RESOURCE_API}/resourceslices")
+
+
+def placement(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient, workdir: Path) -> None:
+    full = load_openb(str(OPENB / "openb_node_list_gpu_node.csv"), str(OPENB / "openb_pod_list_default.csv"))
+    admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
+    cp.start_controller_manager(controllers=("resourceclaim-controller",))
+    figures: dict[str, list[float]] = {"dra_default": [], "dra_policy": [], f"extender_{args.policy}": []}
+    over = writes = 0
+    seconds: list[float] = []
+    extender, url = start_dra_extender(cp, workdir, args.policy)
+    try:
+        for seed in range(args.seed, args.seed + args.seeds):
+            nodes = sample_nodes(full.nodes, args.nodes, seed)
+            workload = Workload(nodes, full.pods, full.unit)
+            memory = {(n.name, f"gpu-{i}"): gib for n in nodes for i, gib in enumerate(n.gpus)}
+            for n in nodes:
+                create_node(admin, n.name, {"cpu": f"{n.cpu}m", "memory": f"{n.memory}Mi", "pods": "1000"})
+            order = arrival_order(workload, seed, args.tune)
+            line = [f"seed {seed}: {len(nodes)} nodes, {len(memory)} GPUs, {len(order)} arrivals"]
+            # kube-scheduler alone, share-dra's slices in index order (today's DRA mode)
+            publish_slices(admin, [(n.name, [(n.model, g) for g in n.gpus]) for n in nodes])
+            cp.start_scheduler(scheduler_config(args.qps))
+            dra = replay_dra(admin, workload, order, f"d{seed}")
+            cp.stop_scheduler()
+            over += gpus_over(admin, memory)
+            figures["dra_default"].append(dra["unallocated_pct"][100])
+            line.append(f"dra default {dra['unallocated_pct'][100]:.2f} ({dra['failed']} failed)")
+            clear_sample(admin)
+            # the policy: the extender picks the node, share-dra's order the GPU
+            drivers = DraDrivers(admin, nodes, args.policy)
+            drivers.publish_all()
+            cp.start_scheduler(dra_extender_config(args.qps, url))
+            time.sleep(2.0)  # kube-scheduler's informers, the extender's watches
+            ours = replay_dra(admin, workload, order, f"p{seed}", "gpushare-scheduler", drivers)
+            cp.stop_scheduler()
+            over += gpus_over(admin, memory)
+            writes += drivers.writes
+            seconds.append(ours["seconds"])
+            figures["dra_policy"].append(ours["unallocated_pct"][100])
+            line.append(f"dra {args.policy} {ours['unallocated_pct'][100]:.2f} ({ours['failed']} failed, "
+                        f"{drivers.writes} slice writes, {ours['seconds']:.0f} s)")  # fmt: skip
+            for why, n in ours["reasons"].most_common(3):
+                print(f"#   dra {args.policy} failed {n}: {why}", flush=True)
+            clear_sample(admin)
+            sim = simulate(workload, build_policy(args.policy, seed, workload), seed, args.tune, order=order)
+            figures[f"extender_{args.policy}"].append(sim.unallocated_pct["100"])
+            line.append(f"extender {args.policy} (share-sim) {sim.unallocated_pct['100']:.2f}")
+            print(", ".join(line), flush=True)
+            for n in nodes:
+                admin.request("DELETE", f"/api/v1/nodes/{n.name}")
+    finally:
+        cp.stop_scheduler()
+        cp.stop_controller_manager()
+        extender.stop()
+    print(f"\n# openb samples of ~{args.nodes} nodes, seeds {args.seed}..{args.seed + args.seeds - 1}; "
+          f"unallocated GPU % at arrived 100% (lower is better)")  # fmt: skip
+    print("| placement | mean | seeds |\n|---|---|---|")
+    for label, xs in figures.items():
+        print(f"| {label} | {statistics.fmean(xs):.2f} | {' '.join(f'{x:.2f}' for x in xs)} |")
+    summary: dict[str, Any] = {k: round(statistics.fmean(v), 3) for k, v in figures.items()}
+    summary |= {"extender_frag": summary.get("extender_frag"), "gpus_over": over, "slice_writes": writes,
+                "policy": args.policy, "seeds": args.seeds, "nodes": args.nodes,
+                "replay_seconds": round(statistics.fmean(seconds), 1)}  # fmt: skip
+    print(json.dumps(summary))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["throughput", "frag"])
+    ap.add_argument("what", choices=["throughput", "frag", "placement"])
     ap.add_argument("--nodes", type=int, help="throughput: 1000; frag: 40 (openb nodes sampled per model)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--gpu-mem", type=int, default=80, help="GiB per GPU (throughput)")
@@ -334,9 +503,10 @@ def main() -> int:
     ap.add_argument("--scoring", default="LeastAllocated", choices=["LeastAllocated", "MostAllocated"],
                     help="frag: kube-scheduler's NodeResourcesFit scoring strategy for the DRA replay")  # fmt: skip
     ap.add_argument("--policies", default="binpack,frag,bestfit", help="frag: share-sim policies to compare")
+    ap.add_argument("--policy", default="frag", help="placement: the policy of the extender and share-dra")
     args = ap.parse_args()
     if args.nodes is None:
-        args.nodes = 1000 if args.what == "throughput" else 40
+        args.nodes = {"throughput": 1000, "frag": 40, "placement": 100}[args.what]
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-dra-") as tmp:
         workdir = Path(tmp)
         cp = ControlPlane(workdir / "cp", k8s_bin_dir())
@@ -347,6 +517,8 @@ def main() -> int:
             if args.what == "throughput":
                 admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
                 throughput(args, cp, admin, workdir)
+            elif args.what == "placement":
+                placement(args, cp, admin, workdir)
             else:
                 fragmentation(args, cp, admin)
         except (KubeError, TimeoutError) as exc:

@@ -172,9 +172,18 @@ def _watch_messages() -> dict[str, Any]:
             ("schedulerName", 19, s, "", False),
             ("initContainers", 20, m, "Container", True),
             ("overhead", 32, m, "PodSpec.OverheadEntry", True),
+            ("resourceClaims", 39, m, "PodResourceClaim", True),
             ("resources", 40, m, "Resources", False),
         ],
         (("OverheadEntry", m, "Quantity"),),
+    )
+    message(
+        "PodResourceClaim",
+        [
+            ("name", 1, s, "", False),
+            ("resourceClaimName", 3, s, "", False),
+            ("resourceClaimTemplateName", 4, s, "", False),
+        ],
     )
     message(
         "Container",
@@ -246,6 +255,14 @@ def _container(c: Any) -> dict[str, Any]:
     return out
 
 
+def _resource_claim(c: Any) -> dict[str, str]:
+    out = {"name": c.name}
+    for field in ("resourceClaimName", "resourceClaimTemplateName"):
+        if getattr(c, field):
+            out[field] = getattr(c, field)
+    return out
+
+
 _CONTAINER_KEYS = frozenset(("containers", "initContainers", "overhead", "resources"))
 
 
@@ -257,6 +274,8 @@ class SlimSpec(dict[str, Any]):
 
     def __init__(self, message: Any) -> None:
         super().__init__(nodeName=message.nodeName, schedulerName=message.schedulerName)
+        if message.resourceClaims:  # a DRA pod: its GPUs are in its claims (the extender learns them at filter)
+            dict.__setitem__(self, "resourceClaims", [_resource_claim(c) for c in message.resourceClaims])
         self._message = message
 
     def _fill(self) -> None:

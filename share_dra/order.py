@@ -71,6 +71,11 @@ class ClaimUsage:
                         out[index] = out.get(index, 0) + (whole[index] if r.mib is None else r.mib)
         return out
 
+    def learn(self, obj: Mapping[str, Any]) -> None:
+        """Teach the policy the size a claim asks (once per claim), whichever node it lands on."""
+        with self._lock:
+            self._learn(obj)
+
     def _learn(self, obj: Mapping[str, Any]) -> None:
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         if not uid or uid in self._seen:
@@ -81,7 +86,7 @@ class ClaimUsage:
         self._seen.add(uid)
         self.orderer.observe(Demand(per_gpu=max(-(-ask.mib // self.unit.mib), 1), count=ask.count))
 
-    def apply(self, obj: Mapping[str, Any], deleted: bool = False) -> bool:
+    def apply(self, obj: Mapping[str, Any], deleted: bool = False, learn: bool = True) -> bool:
         """One claim as the watch brings it; True when this node's usage changed."""
         ns, name = claim_name(obj)
         key = f"{ns}/{name}"
@@ -89,8 +94,8 @@ class ClaimUsage:
         if not deleted:
             results, _ = claim_results(obj)
             mine = [r for r in results if r.pool == self.node]
-            with self._lock:
-                self._learn(obj)
+            if learn:
+                self.learn(obj)
         with self._lock:
             before = self._claims.get(key, [])
             if mine:

@@ -421,7 +421,10 @@ class ClusterCache:
         """Everything the cache keeps of a pod, parsed outside the lock; the dict can then go."""
         record = pod_record(pod)
         demand: Demand | None = None
-        if self._on_new_pod is not None and (record.uid or record.key) not in self._seen_requests:
+        # A DRA pod's GPUs are in its claims: the extender teaches the policy its whole demand at filter
+        # (`note_demand`), when the claims are read; counted here it would look like a CPU-only pod.
+        claims = self.dra and bool((pod.get("spec") or {}).get("resourceClaims"))
+        if not claims and self._on_new_pod is not None and (record.uid or record.key) not in self._seen_requests:
             try:
                 request = pod_request(pod)
             except InvalidRequest:
@@ -442,6 +445,15 @@ class ClusterCache:
             return
         self._seen_requests.add(ident)
         self._on_new_pod(facts.demand)
+
+    def note_demand(self, uid: str, demand: Demand) -> None:
+        """Tell a workload-aware policy about a pod whose demand filter worked out (a DRA pod), once."""
+        if self._on_new_pod is None or not uid:
+            return
+        with self._lock:
+            if uid not in self._seen_requests:
+                self._seen_requests.add(uid)
+                self._on_new_pod(demand)
 
     def _set_pod_locked(self, facts: PodFacts) -> None:
         record = facts.record

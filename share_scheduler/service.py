@@ -152,6 +152,8 @@ class Extender:
         if claims is not None and claims.demand is None:
             return 200, filter_result(args, list(args.names), {}, {})  # a shape left to kube-scheduler
         placement = claims.demand if claims is not None and claims.demand is not None else demand
+        if placement is not demand:
+            self.cache.note_demand(str((args.pod.get("metadata") or {}).get("uid") or ""), placement)
         if self.keep_best:
             passed = self._best(placement, args.names)
             if not passed and placement is not demand:
