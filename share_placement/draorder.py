@@ -9,8 +9,9 @@ pick them, first fit *is* the policy's pick.
 One order serves every request size only where the policy's preference does not depend on the size.
 `binpack` (best fit) is such a policy: listed fullest first (ties by index), the first GPU with room for
 any size is the fullest that fits, which is binpack's choice. `spread` is the reverse. `frag`'s choice
-depends on the size; the order is its pick for the size the node sees most (`DeviceOrderer.probe`), then
-its pick among the rest, and so on; for other sizes first fit may differ from frag's pick
+depends on the size; the order lists the GPUs too full for the size asked most (`DeviceOrderer.probe`)
+first, fullest first, then frag's pick for that size, its pick among the rest, and so on; for other
+sizes first fit may differ from frag's pick
 (`bench/bench_dra.py placement` measures what that costs; docs/dra.md).
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from share_placement.model import Demand, NodeState, Policy, model_allowed
+from share_placement.model import Demand, NodeState, Policy, learns, model_allowed
 
 
 def first_fit(order: tuple[int, ...], node: NodeState, demand: Demand) -> tuple[int, ...] | None:
@@ -45,12 +46,16 @@ def _allowed(demand: Demand, model: str) -> bool:
 
 
 def device_order(policy: Policy, node: NodeState, probe: Demand) -> tuple[int, ...]:
-    """Every GPU index of `node`, in the order the policy picks them for one-GPU `probe` shares: its pick
-    among all, then its pick among the rest, ...; GPUs the probe fits on none of come last, fullest
-    first (they take only smaller shares, which best fit sends to the fullest). Unhealthy ones last of all."""
+    """Every GPU index of `node` in publishing order. First the GPUs a one-GPU `probe` share does not fit
+    on, fullest first: first fit gives them only smaller shares, and best fit is what every packing
+    policy does with those. Then the rest in the order the policy picks them for `probe` shares: its pick
+    among all, then its pick among the rest, ... Unhealthy GPUs last. For binpack this is fullest first
+    whatever the probe: first fit is then binpack's choice for every size."""
     one = replace(probe, count=1, models=(), cpu=0, memory=0)
-    remaining = [g for g in node.gpus if g.healthy]
-    order: list[int] = []
+    healthy = [g for g in node.gpus if g.healthy]
+    tight = sorted((g for g in healthy if g.free < one.per_gpu), key=lambda g: (g.free, g.index))
+    remaining = [g for g in healthy if g.free >= one.per_gpu]
+    order = [g.index for g in tight]
     while remaining:
         chosen = policy.choose(replace(node, gpus=tuple(remaining), cpu_free=None, memory_free=None), one)
         if not chosen:
@@ -65,8 +70,9 @@ def device_order(policy: Policy, node: NodeState, probe: Demand) -> tuple[int, .
 class DeviceOrderer:
     """The order share-dra publishes, for one policy, learning the sizes claims ask as they come.
 
-    `probe` is the one-GPU size seen most often (1 unit until any is seen): the size whose placement the
-    order gets exactly right for `frag`; for `binpack` and `spread` any size gives the same order."""
+    `probe` is, for a workload-aware policy (`frag`), the one-GPU size seen most often (1 unit until any
+    is seen): the size whose placement the order gets exactly right; for the others 1 unit (every GPU
+    with room, in the policy's order: exact for every size for `binpack` and `spread`)."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -80,7 +86,7 @@ class DeviceOrderer:
 
     @property
     def probe(self) -> Demand:
-        size = self.sizes.most_common(1)[0][0] if self.sizes else 1
+        size = self.sizes.most_common(1)[0][0] if self.sizes and learns(self.policy) else 1
         return Demand(per_gpu=size)
 
     def order(self, node: NodeState) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ def test_with_binpacks_order_first_fit_is_binpacks_choice_for_every_size() -> No
     for policy in (BinpackPolicy(), SpreadPolicy()):
         for _ in range(300):
             n = node([rng.randint(0, 16) for _ in range(rng.randint(1, 8))])
-            order = device_order(policy, n, Demand(1))
+            order = device_order(policy, n, Demand(1 if policy.name == "spread" else rng.randint(1, 16)))
             for size in range(1, 17):
                 want = policy.choose(n, Demand(size))
                 got = first_fit(order, n, Demand(size))
@@ -51,10 +51,11 @@ def test_the_orderer_probes_with_the_size_seen_most() -> None:
     for size in (4, 4, 8):
         orderer.observe(Demand(size))
     assert orderer.probe == Demand(4)
-    n = node([5, 16, 9])
+    n = node([5, 16, 9, 2])
     order = orderer.order(n)
-    assert sorted(order) == [0, 1, 2]
+    assert sorted(order) == [0, 1, 2, 3] and order[0] == 3  # too full for the probe: first, for smaller shares
     assert first_fit(order, n, Demand(4)) == orderer.policy.choose(n, Demand(4))
+    assert DeviceOrderer(make_policy("binpack")).probe == Demand(1)  # exact for every size anyway
 
 
 def test_claim_shapes_placement_can_price() -> None:
