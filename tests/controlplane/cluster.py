@@ -180,6 +180,15 @@ def _http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 
         return int(e.code), e.read().decode(errors="replace")
 
 
+def http_status(url: str, timeout: float = 2.0) -> int:
+    """The HTTP status a GET of `url` answers with, 0 while nothing answers (or answers an error)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except OSError:
+        return 0
+
+
 def _wait_healthz(proc: ManagedProcess, port: int, timeout: float) -> None:
     """Wait for a component's /healthz on 127.0.0.1:<port>, served with its own self-signed cert."""
     insecure = ssl.create_default_context()
