@@ -88,6 +88,25 @@ def tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class StartStop:
+    """A harness part that runs between its start() and its stop(): `with Part(...) as part:` does both."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
 class ManagedProcess:
     """A child process, stdout+stderr in one log file, stopped by its own PID only."""
 
@@ -219,7 +238,7 @@ class SchedulerHandle:
         return self.process.pid
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """etcd + kube-apiserver (+ kube-scheduler on demand) on 127.0.0.1."""
 
     _serving: CertPair
@@ -305,18 +324,6 @@ class ControlPlane:
             if proc is not None:
                 proc.stop()
                 setattr(self, attr, None)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def processes(self) -> list[ManagedProcess]:
         procs = [
