@@ -425,26 +425,22 @@ def test_claims_packed_never_over_a_gpu_and_freed_by_deleting_pods(dra_cluster: 
     print(f"wave 2: {len(bound2)} of {len(waiting)} formerly waiting pods bound; used {sorted(used2.items())}")
 
 
-def _prepare(node: DraNode, claim: dict[str, Any]) -> pb.NodePrepareResourcesResponse:
+def _call(node: DraNode, verb: str, claim: dict[str, Any]) -> Any:
+    """kubelet's Node<verb>Resources call for one claim, on the node's DRA socket."""
     meta = claim["metadata"]
+    request = getattr(pb, f"Node{verb}ResourcesRequest")
     with grpc.insecure_channel(f"unix://{node.plugin_dir / 'dra.sock'}") as ch:
-        return pbgrpc.DRAPluginStub(ch).NodePrepareResources(
-            pb.NodePrepareResourcesRequest(
-                claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]
-            ),
-            timeout=10,
+        return getattr(pbgrpc.DRAPluginStub(ch), f"Node{verb}Resources")(
+            request(claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]), timeout=10
         )
+
+
+def _prepare(node: DraNode, claim: dict[str, Any]) -> pb.NodePrepareResourcesResponse:
+    return _call(node, "Prepare", claim)
 
 
 def _unprepare(node: DraNode, claim: dict[str, Any]) -> pb.NodeUnprepareResourcesResponse:
-    meta = claim["metadata"]
-    with grpc.insecure_channel(f"unix://{node.plugin_dir / 'dra.sock'}") as ch:
-        return pbgrpc.DRAPluginStub(ch).NodeUnprepareResources(
-            pb.NodeUnprepareResourcesRequest(
-                claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]
-            ),
-            timeout=10,
-        )
+    return _call(node, "Unprepare", claim)
 
 
 def test_prepare_writes_the_claims_cdi_spec_and_survives_a_restart(dra_cluster: DraCluster, dra_ns: str) -> None:
