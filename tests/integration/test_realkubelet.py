@@ -40,12 +40,8 @@ BURST_SIZES = [1, 2, 2, 3, 4, 4, 1, 8, 2, 5]  # repeated: equal sizes on purpose
 
 @pytest.fixture(scope="module")
 def real_gpu(gpu_cluster: GpuCluster, real_node: RealNode) -> Iterator[RealGpuNode]:
-    node = RealGpuNode(gpu_cluster, real_node, SIM_GPUS)
-    node.start_plugin()
-    try:
+    with RealGpuNode(gpu_cluster, real_node, SIM_GPUS).running() as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture
