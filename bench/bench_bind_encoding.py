@@ -17,11 +17,13 @@ Then the client's cost of building each body alone (no network).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
 import time
 import timeit
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -57,6 +59,20 @@ def annotations(i: int) -> dict[str, str]:
     """What the extender puts on a Binding: one GPU of eight, its UUID, memory, assume time."""
     gpu = i % 8
     return Assignment((gpu,), (f"GPU-bench-node-{i % 10:03d}-{gpu}",), 1 + i % 8, time.time_ns()).to_annotations()
+
+
+@contextlib.contextmanager
+def bench_cluster(name: str, profiling: bool) -> Iterator[tuple[ControlPlane, ApiServerClient]]:
+    """A control plane of its own in a temporary directory, with namespace `name` and ten bare nodes of
+    eight 16 GiB GPUs; its admin client says it is `name`."""
+    with (
+        tempfile.TemporaryDirectory(prefix=f"{name}-") as work,
+        ControlPlane(work, k8s_bin_dir(), profiling=profiling) as cp,
+    ):
+        admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component=name)
+        admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+        create_bare_nodes(admin, [f"node-{i:03d}" for i in range(10)], gpus=8, mem=16)
+        yield cp, admin
 
 
 def bind_block(client: ApiServerClient, pods: list[tuple[str, str]], threads: int) -> None:
@@ -102,13 +118,7 @@ def main() -> int:
     ap.add_argument("--pprof", type=Path, help="also profile kube-apiserver over N more binds per encoding, here")
     args = ap.parse_args()
     blocks = max(2, args.blocks - args.blocks % 2)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-bind-") as work,
-        ControlPlane(work, k8s_bin_dir(), profiling=args.pprof is not None) as cp,
-    ):
-        admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="bench-bind")
-        admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
-        create_bare_nodes(admin, [f"node-{i:03d}" for i in range(10)], gpus=8, mem=16)
+    with bench_cluster(NAMESPACE, profiling=args.pprof is not None) as (cp, admin):
 
         def create(i: int) -> tuple[str, str]:
             name = f"p{i:06d}"

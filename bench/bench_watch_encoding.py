@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,12 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_bind_encoding import annotations, cpu_s  # noqa: E402
+from bench_bind_encoding import annotations, bench_cluster, cpu_s  # noqa: E402
 
 from share_core.kube import ApiServerClient  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
-from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.barenodes import gpu_pod  # noqa: E402
 
 NAMESPACE = "bench-watch"
 JSON = "application/json"
@@ -107,13 +104,7 @@ def main() -> int:
     args = ap.parse_args()
     blocks = max(2, args.blocks - args.blocks % 2)
     size = args.pods // blocks
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-watch-") as work,
-        ControlPlane(work, k8s_bin_dir(), profiling=args.pprof is not None) as cp,
-    ):
-        admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="bench-watch")
-        admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
-        create_bare_nodes(admin, [f"node-{i:03d}" for i in range(10)], gpus=8, mem=16)
+    with bench_cluster(NAMESPACE, profiling=args.pprof is not None) as (cp, admin):
         apiserver, etcd = cp._apiserver, cp._etcd
         assert apiserver is not None and etcd is not None
         scheduler_like = Watcher(admin, PROTOBUF, list_rv(admin))

@@ -28,27 +28,15 @@ if [[ "${1:-}" == "--version" ]]; then
     exit 0
 fi
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-BUILD_PARALLEL="${GPUSHARE_BUILD_PARALLEL:-2}"
-
 log() { printf '[build-containerd] %s\n' "$*" >&2; }
 
-STAMP="containerd-${CONTAINERD_VERSION}"
-CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}"
-BIN_DIR="${CACHE}/bin/${STAMP}"
-STAMP_FILE="${BIN_DIR}/.stamp"
 BINARIES=(containerd containerd-shim-runc-v2 ctr)
-STAMP_TEXT="${STAMP} recipe=${RECIPE} $("$GO" env GOVERSION) CGO_ENABLED=0 tags=${BUILD_TAGS}"
-
 # shellcheck source=hack/cache-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cache-lib.sh"
-use_cache_or_lock
+go_build_cache "containerd-${CONTAINERD_VERSION}" "tags=${BUILD_TAGS}"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpushare-build-containerd.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-GOVER="$("$GO" env GOVERSION)"
-GOVER="${GOVER#go}"
 START=$SECONDS
 PKG="github.com/containerd/containerd/v2"
 

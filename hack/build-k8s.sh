@@ -54,28 +54,15 @@ if [[ "${1:-}" == "--version" ]]; then
 fi
 # ---------------------------------------------------------------------------------------
 
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
-# Two cores, 24 GiB: two compile jobs at a time keeps kube-apiserver's link in memory.
-BUILD_PARALLEL="${GPUSHARE_BUILD_PARALLEL:-2}"
-
 log() { printf '[build-k8s] %s\n' "$*" >&2; }
 
-STAMP="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
-CACHE="${GPUSHARE_CACHE:-$HOME/.cache/gpushare}"
-BIN_DIR="${CACHE}/bin/${STAMP}"
-STAMP_FILE="${BIN_DIR}/.stamp"
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl etcd helm)
-STAMP_TEXT="${STAMP} recipe=${RECIPE} $("$GO" env GOVERSION) CGO_ENABLED=0"
-
 # shellcheck source=hack/cache-lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cache-lib.sh"
-use_cache_or_lock
+go_build_cache "k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpushare-build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-GOVER="$("$GO" env GOVERSION)"
-GOVER="${GOVER#go}"
 TOTAL_START=$SECONDS
 TIMES=()
 

@@ -287,6 +287,19 @@ def project_version() -> str:
     return m.group(1)
 
 
+def image_inputs(ref: str, own: dict) -> dict:
+    """What an image is built from: the recipe, its `own` inputs, the builders (this script, oci.py), its
+    reference and the timestamp of its files. The same inputs give the same cached image."""
+    return {
+        "recipe": RECIPE,
+        **own,
+        "oci.py": sha256_file(HACK / "oci.py"),
+        "gpushare_image.py": sha256_file(Path(__file__)),
+        "ref": ref,
+        "source_date_epoch": oci.source_date_epoch(),
+    }
+
+
 def cached_build(kind: str, inputs: dict, build, fresh: bool) -> tuple[Path, str]:
     """`build(path) -> digest` once per inputs; returns the cached archive and its digest."""
     stamp = input_stamp(inputs)
@@ -321,29 +334,15 @@ def main(argv: list[str] | None = None) -> int:
         wheels = Path(tmp)
         wheel_list = wheelhouse(wheels, args.python)
         gpushare_ref = f"{REGISTRY}/gpushare:{version}"
-        gpushare_inputs = {
-            "recipe": RECIPE,
-            "base": base_inputs,
-            "wheels": wheel_list,
-            "setup.sh": sha256_file(SETUP_SCRIPT),
-            "oci.py": sha256_file(HACK / "oci.py"),
-            "gpushare_image.py": sha256_file(Path(__file__)),
-            "ref": gpushare_ref,
-            "source_date_epoch": oci.source_date_epoch(),
-        }
+        gpushare_inputs = image_inputs(
+            gpushare_ref, {"base": base_inputs, "wheels": wheel_list, "setup.sh": sha256_file(SETUP_SCRIPT)}
+        )
         gpushare_archive, gpushare_digest = cached_build(
             "gpushare", gpushare_inputs, lambda out: build_gpushare(base, wheels, out, gpushare_ref), args.fresh
         )
     binary = k8s_bin_dir() / "kube-scheduler"
     sched_ref = f"{REGISTRY}/kube-scheduler:{k8s}"
-    sched_inputs = {
-        "recipe": RECIPE,
-        "kube-scheduler": sha256_file(binary),
-        "oci.py": sha256_file(HACK / "oci.py"),
-        "gpushare_image.py": sha256_file(Path(__file__)),
-        "ref": sched_ref,
-        "source_date_epoch": oci.source_date_epoch(),
-    }
+    sched_inputs = image_inputs(sched_ref, {"kube-scheduler": sha256_file(binary)})
     sched_archive, sched_digest = cached_build(
         "kube-scheduler", sched_inputs, lambda out: build_kube_scheduler(binary, out, sched_ref), args.fresh
     )

@@ -25,6 +25,8 @@ silently run the default.
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ SECTIONS = {"share-scheduler": "scheduler", "share-plugin": "plugin", "share-dra
 CONFIG_FLAG = "--config"
 # Flags that make no sense in a file: the file itself, and help.
 NOT_CONFIGURABLE = frozenset({"help", "config"})
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class ConfigError(ValueError):
@@ -49,6 +52,11 @@ def field_name(option: str) -> str:
     """`--filter-keeps` -> `filterKeeps`."""
     head, *rest = option.lstrip("-").split("-")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def start_logging(level: str) -> None:
+    """The programs' one log format, on stderr, at their `--log-level` (any case)."""
+    logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr)
 
 
 def add_config_arg(parser: argparse.ArgumentParser) -> None:

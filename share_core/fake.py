@@ -89,6 +89,24 @@ class FakeKube:
             if k == kind and pred(obj):
                 q.put(WatchEvent(event_type, copy.deepcopy(obj)))
 
+    def _modified(self, kind: str, obj: Obj) -> Obj:
+        """A stored object was changed: a new resource version, a MODIFIED event; the caller's copy."""
+        self._bump(obj)
+        self._notify(kind, "MODIFIED", obj)
+        return copy.deepcopy(obj)
+
+    def _node(self, name: str) -> Obj:
+        node = self.nodes.get(name)
+        if node is None:
+            raise NotFound(f"node {name} not found", 404, "NotFound")
+        return node
+
+    def _pod(self, namespace: str, name: str) -> Obj:
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+        return pod
+
     def add_node(self, node: Obj) -> Obj:
         with self._lock:
             node = self._bump(copy.deepcopy(node))
@@ -118,9 +136,7 @@ class FakeKube:
         with self._lock:
             pod = self.pods[(namespace, name)]
             mutate(pod)
-            self._bump(pod)
-            self._notify("pods", "MODIFIED", pod)
-            return copy.deepcopy(pod)
+            return self._modified("pods", pod)
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> Obj:
         return self.update_pod(namespace, name, lambda p: p.setdefault("status", {}).__setitem__("phase", phase))
@@ -179,19 +195,16 @@ class FakeKube:
     def get_node(self, name: str) -> Obj:
         self._enter("get_node")
         with self._lock:
-            if name not in self.nodes:
-                raise NotFound(f"node {name} not found", 404, "NotFound")
-            return copy.deepcopy(self.nodes[name])
+            return copy.deepcopy(self._node(name))
 
     def get_pod(self, namespace: str, name: str) -> Obj:
         self._enter("get_pod")
         with self._lock:
-            if (namespace, name) not in self.pods:
-                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
-            return copy.deepcopy(self.pods[(namespace, name)])
+            return copy.deepcopy(self._pod(namespace, name))
 
     @staticmethod
     def _merge(target: dict[str, Any], patch: Mapping[str, str | None]) -> None:
+        """A JSON merge patch of one map: null removes the key."""
         for k, v in patch.items():
             if v is None:
                 target.pop(k, None)
@@ -203,46 +216,29 @@ class FakeKube:
     ) -> Obj:
         self._enter("patch_pod_annotations")
         with self._lock:
-            pod = self.pods.get((namespace, name))
-            if pod is None:
-                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+            pod = self._pod(namespace, name)
             if resource_version and pod["metadata"]["resourceVersion"] != resource_version:
                 raise Conflict(
                     f"pod {namespace}/{name} changed since resourceVersion {resource_version}", 409, "Conflict"
                 )
             self._merge(pod["metadata"].setdefault("annotations", {}), annotations)
-            self._bump(pod)
-            self._notify("pods", "MODIFIED", pod)
-            return copy.deepcopy(pod)
+            return self._modified("pods", pod)
 
     def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
         self._enter("patch_node_annotations")
         with self._lock:
-            node = self.nodes.get(name)
-            if node is None:
-                raise NotFound(f"node {name} not found", 404, "NotFound")
+            node = self._node(name)
             self._merge(node["metadata"].setdefault("annotations", {}), annotations)
-            self._bump(node)
-            self._notify("nodes", "MODIFIED", node)
-            return copy.deepcopy(node)
+            return self._modified("nodes", node)
 
     def patch_node_capacity(self, name: str, capacity: Mapping[str, str | None]) -> Obj:
         self._enter("patch_node_capacity")
         with self._lock:
-            node = self.nodes.get(name)
-            if node is None:
-                raise NotFound(f"node {name} not found", 404, "NotFound")
+            node = self._node(name)
             status = node.setdefault("status", {})
             for field in ("capacity", "allocatable"):
-                entries = status.setdefault(field, {})
-                for key, value in capacity.items():
-                    if value is None:
-                        entries.pop(key, None)  # merge-patch null removes the key
-                    else:
-                        entries[key] = value
-            self._bump(node)
-            self._notify("nodes", "MODIFIED", node)
-            return copy.deepcopy(node)
+                self._merge(status.setdefault(field, {}), capacity)
+            return self._modified("nodes", node)
 
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
@@ -251,9 +247,7 @@ class FakeKube:
         precondition, refusals as 409 Conflict (assignPod wraps them), annotations merged with nodeName."""
         self._enter("bind_pod")
         with self._lock:
-            pod = self.pods.get((namespace, name))
-            if pod is None:
-                raise NotFound(f"pod {namespace}/{name} not found", 404, "NotFound")
+            pod = self._pod(namespace, name)
             meta = pod["metadata"]
             if uid and meta.get("uid") != uid:
                 raise Conflict(

@@ -20,21 +20,12 @@ class InvalidRequest(ValueError):
     """A pod spec or annotation we cannot honour; the message names the problem for a person."""
 
 
+# Kubernetes quantity suffixes: decimal SI (k = 10^3, M = 10^6, ...), binary (Ki = 2^10, Mi = 2^20, ...), milli.
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
     "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
+    **{p: Decimal(10) ** (3 * n) for n, p in enumerate("kMGTPE", 1)},
+    **{f"{p}i": Decimal(2) ** (10 * n) for n, p in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
 

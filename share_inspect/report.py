@@ -226,7 +226,6 @@ def _pod_row(pod: Obj) -> PodRow:
 
 
 def _build_node(node: Obj, pods: list[Obj], forced: MemoryUnit | None) -> tuple[NodeRow, MemoryUnit]:
-    meta = node.get("metadata") or {}
     problems: list[str] = []
     gpus = _gpus_of(node, problems)
     usage = node_usage(gpus, pods)
@@ -256,32 +255,40 @@ def _build_node(node: Obj, pods: list[Obj], forced: MemoryUnit | None) -> tuple[
         row.state, row.pending = STATE_PENDING, request.total
         rows[key] = row
         pending += request.total
-    measured = _measured(node, problems)
-    node_row = NodeRow(
-        name=str(meta.get("name", "")),
-        address=node_address(node),
-        gpus=[
-            GpuRow(
-                g.index,
-                g.uuid,
-                g.model,
-                g.healthy,
-                g.used,
-                g.total,
-                None if measured is None else measured.gpus.get(g.index, 0),
-            )
-            for g in usage.gpus
-        ],
-        pods=sorted(rows.values(), key=lambda r: (r.namespace, r.name)),
+    node_row, measured = _node_row(
+        node,
+        problems,
+        [(g.index, g.uuid, g.model, g.healthy, g.used, g.total) for g in usage.gpus],
+        sorted(rows.values(), key=lambda r: (r.namespace, r.name)),
         pending=pending,
-        problems=problems,
-        usage_time=None if measured is None else (measured.time or "unknown"),
-        hard_limit=_hard_limit(node, problems),
     )
     if measured is not None:
         for key, row in rows.items():
             row.used_mib = dict(measured.pods.get(key, {}))
     return node_row, node_unit(gpus, forced)
+
+
+def _node_row(
+    node: Obj,
+    problems: list[str],
+    gpus: list[tuple[int, str, str, bool, int, int]],
+    pods: list[PodRow],
+    **extra: Any,
+) -> tuple[NodeRow, UsageSummary | None]:
+    """A node's row, either mode: its GPUs as (index, uuid, model, healthy, allocated, total) with what the
+    plugin measured on each, its pods, and its hard limit; also the measurement, for the pods' figures."""
+    measured = _measured(node, problems)
+    row = NodeRow(
+        name=str((node.get("metadata") or {}).get("name", "")),
+        address=node_address(node),
+        gpus=[GpuRow(*g, None if measured is None else measured.gpus.get(g[0], 0)) for g in gpus],
+        pods=pods,
+        problems=problems,
+        usage_time=None if measured is None else (measured.time or "unknown"),
+        hard_limit=_hard_limit(node, problems),
+        **extra,
+    )
+    return row, measured
 
 
 def _hard_limit(node: Obj, problems: list[str]) -> HardLimitRow | None:
@@ -425,29 +432,17 @@ def _dra_node(
             row.gpus[index] = row.gpus.get(index, 0) + units
             allocated[device] = allocated.get(device, 0) + units
         rows.append(row)
-    problems: list[str] = []
-    measured = _measured(node, problems)
-    return NodeRow(
-        name=str((node.get("metadata") or {}).get("name", "")),
-        address=node_address(node),
-        gpus=[
-            GpuRow(
-                g.index,
-                g.uuid,
-                g.model,
-                g.healthy,
-                allocated.get(g.device, 0),
-                to_units(g.memory_mib, unit, up=False),
-                None if measured is None else measured.gpus.get(g.index, 0),
-            )
+    node_row, _ = _node_row(
+        node,
+        [],
+        [
+            (g.index, g.uuid, g.model, g.healthy, allocated.get(g.device, 0), to_units(g.memory_mib, unit, up=False))
             for g in gpus
         ],
-        pods=sorted(rows, key=lambda r: (r.namespace, r.name, r.claim or "")),
-        problems=problems,
-        usage_time=None if measured is None else (measured.time or "unknown"),
+        sorted(rows, key=lambda r: (r.namespace, r.name, r.claim or "")),
         mode=MODE_DRA,
-        hard_limit=_hard_limit(node, problems),
     )
+    return node_row
 
 
 def _with_used(item: dict[str, Any], used_mib: int | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ cannot tell which path started it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 from share_core.contract import (
     DEFAULT_MPS_PIPE_DIR,
@@ -31,6 +32,15 @@ from share_node.backend import Gpu
 def gpu_units(gpu: Gpu, unit: MemoryUnit) -> int:
     """Whole resource units of a GPU (rounded down: never advertise memory it lacks)."""
     return unit.from_bytes(gpu.memory_bytes)
+
+
+class EnvOptions(TypedDict, total=False):
+    """How a node agent was told to shape the env (its flags): gpu_env's keywords after the figures."""
+
+    device_id_strategy: str
+    mps: bool
+    device_list_strategy: str
+    mps_pipe_dir: str
 
 
 def gpu_env(

@@ -138,7 +138,12 @@ class Allocator:
         with self._lock:
             match = self._match(device_ids)
             env = container_env(
-                match, self.unit, self.device_id_strategy, self.mps, self.device_list_strategy, self.mps_pipe_dir
+                match,
+                self.unit,
+                device_id_strategy=self.device_id_strategy,
+                mps=self.mps,
+                device_list_strategy=self.device_list_strategy,
+                mps_pipe_dir=self.mps_pipe_dir,
             )
             answer = ContainerAnswer(
                 env,

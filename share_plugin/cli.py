@@ -6,10 +6,9 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 
-from share_core.config import add_config_arg, parse_args
+from share_core.config import add_config_arg, parse_args, start_logging
 from share_core.contract import (
     ANN_NODE_GPUS,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -23,7 +22,7 @@ from share_core.contract import (
     RESOURCE_MEM,
     MemoryUnit,
 )
-from share_node.backend.options import add_backend_args, env_bool, open_backend
+from share_node.backend.options import add_agent_args, add_backend_args, env_bool, open_backend
 from share_plugin.monitor import DEFAULT_INTERVAL
 from share_plugin.usage import OverLimitMode
 
@@ -34,8 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="share-plugin", description=f"kubelet device plugin advertising {RESOURCE_MEM}")
     add_config_arg(p)
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
+    add_agent_args(p)
     p.add_argument("--device-plugin-dir", default=env("DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR))
     p.add_argument("--pod-resources-socket", default=env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET))
     add_backend_args(p)
@@ -110,9 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    start_logging(args.log_level)
     if args.unpublish:
         return _unpublish(args.kubeconfig, args.node_name)
     if not args.node_name:

@@ -42,15 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 from share_core.accounting import node_usage
 from share_core.assignment import Assignment, parse_assignment, pod_annotations, pod_is_finished, pod_key
 from share_core.contract import (
     CDI_NVIDIA_GPU_KIND,
-    DEFAULT_MPS_PIPE_DIR,
     DEVICE_LIST_CDI_CRI,
-    DEVICE_LIST_ENVVAR,
     DEVICE_LIST_VOLUME_MOUNTS,
     RESOURCE_MEM,
     VISIBLE_DEVICES_MOUNT_ROOT,
@@ -58,7 +56,7 @@ from share_core.contract import (
 )
 from share_core.request import ContainerRequest, InvalidRequest, pod_request
 from share_node.backend import Gpu
-from share_node.env import gpu_env, visible_ids
+from share_node.env import EnvOptions, gpu_env, visible_ids
 from share_plugin.devices import gpu_infos
 
 Pod = Mapping[str, Any]
@@ -433,15 +431,8 @@ def _check_capacity(node: str, cand: _Candidate, pods: Sequence[Pod], gpus: Sequ
             )
 
 
-def container_env(
-    match: Match,
-    unit: MemoryUnit,
-    device_id_strategy: str = "uuid",
-    mps: bool = False,
-    device_list_strategy: str = DEVICE_LIST_ENVVAR,
-    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
-) -> dict[str, str]:
-    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total."""
+def container_env(match: Match, unit: MemoryUnit, **options: Unpack[EnvOptions]) -> dict[str, str]:
+    """The env DESIGN.md promises a container: its GPU(s), its limit and the GPU's total (gpu_env's options)."""
     count = len(match.gpus)
     return gpu_env(
         match.gpus,
@@ -449,10 +440,7 @@ def container_env(
         container_units=match.container.units // count,
         pod_units=match.pod_total,
         unit=unit,
-        device_id_strategy=device_id_strategy,
-        mps=mps,
-        device_list_strategy=device_list_strategy,
-        mps_pipe_dir=mps_pipe_dir,
+        **options,
     )
 
 

@@ -57,7 +57,9 @@ class PluginConfig:
         return os.path.join(self.device_plugin_dir, KUBELET_SOCKET_NAME)
 
 
-def _file_id(path: str) -> tuple[int, int] | None:
+def file_id(path: str) -> tuple[int, int] | None:
+    """Which file stands at `path` (inode, change time), None while none does: kubelet recreating its socket
+    or deleting ours changes it."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -299,15 +301,15 @@ class DevicePlugin:
         self._stop_server()
         self.registered.clear()
         self._serve()
-        self._served_ids = (_file_id(self.config.socket_path), _file_id(self.config.kubelet_socket))
+        self._served_ids = (file_id(self.config.socket_path), file_id(self.config.kubelet_socket))
         if self._register():
             # kubelet may have restarted while we waited: remember the kubelet.sock we registered with.
-            self._served_ids = (_file_id(self.config.socket_path), _file_id(self.config.kubelet_socket))
+            self._served_ids = (file_id(self.config.socket_path), file_id(self.config.kubelet_socket))
 
     def _watch_kubelet(self) -> None:
         """Serve and register again when kubelet removes our socket or recreates kubelet.sock."""
         while not self.stopping.wait(self.config.watch_interval):
-            ours, kubelet = _file_id(self.config.socket_path), _file_id(self.config.kubelet_socket)
+            ours, kubelet = file_id(self.config.socket_path), file_id(self.config.kubelet_socket)
             if ours is None or (kubelet is not None and kubelet != self._served_ids[1]):
                 log.warning(
                     "node %s: kubelet restarted (%s): serving and registering again",

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from share_core.config import add_config_arg, parse_args
+from share_core.config import add_config_arg, parse_args, start_logging
 from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
 from share_placement import POLICIES
 from share_scheduler.binder import BIND_EVENTS
@@ -167,9 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads < 1 or not 0 < args.port < 65536:
         print("share-scheduler: --threads must be >= 1 and --port in 1..65535", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    start_logging(args.log_level)
     serve(args)
     return 0
 

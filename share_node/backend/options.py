@@ -1,5 +1,5 @@
-"""The GPU backend's command-line options and their construction, shared by share-plugin and share-dra
-(both node agents read the same GPUs the same way; only what they publish differs)."""
+"""The node agents' common command-line options (their node, the GPU backend) and the backend's construction,
+shared by share-plugin and share-dra (both read the same GPUs the same way; only what they publish differs)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ def env_bool(name: str, default: bool) -> bool:
     """A boolean flag's default from the environment (1/true/yes/on), for the chart's env-only settings."""
     raw = os.environ.get(name)
     return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def add_agent_args(p: argparse.ArgumentParser) -> None:
+    """What every node agent is told first: the node it serves and how it reaches the API server."""
+    env = os.environ.get
+    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
+    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:

@@ -183,6 +183,15 @@ def simulate(
     evaluate = policy.evaluate
     missing = object()
 
+    def fitting(cache: dict[int, placement.Evaluation], demand: Demand) -> Iterator[tuple[int, placement.Evaluation]]:
+        """Each node state the demand fits, with its evaluation (worked out once per state and demand)."""
+        for sid in members:
+            ev = cache.get(sid, missing)
+            if ev is missing:
+                ev = cache[sid] = evaluate(state_views[sid], demand)
+            if ev is not None:
+                yield sid, ev
+
     requested = placed = failed = arrivals = 0
     failed_units: dict[str, int] = {}
     # The arrival order (see DRAWS and `arrival_order`), or the caller's `order` replayed to its end.
@@ -208,12 +217,7 @@ def simulate(
         if cacheable and tie_rng is not None:
             cache = caches[dix]
             tied: list[int] = []
-            for sid in members:
-                ev = cache.get(sid, missing)
-                if ev is missing:
-                    ev = cache[sid] = evaluate(state_views[sid], demand)
-                if ev is None:
-                    continue
+            for sid, ev in fitting(cache, demand):
                 s = ev[0]
                 if s > best_score:
                     best_score, tied = s, [sid]
@@ -227,16 +231,10 @@ def simulate(
                         break
                     pick -= len(members[sid])
         elif cacheable:
-            cache = caches[dix]
-            for sid, nodes_in in members.items():
-                ev = cache.get(sid, missing)
-                if ev is missing:
-                    ev = cache[sid] = evaluate(state_views[sid], demand)
-                if ev is None:
-                    continue
-                s = ev[0]
-                if s > best_score or (s == best_score and nodes_in[0] < best_node):
-                    best_score, best_node, best_ev = s, nodes_in[0], ev
+            for sid, ev in fitting(caches[dix], demand):
+                s, first = ev[0], members[sid][0]
+                if s > best_score or (s == best_score and first < best_node):
+                    best_score, best_node, best_ev = s, first, ev
         else:
             for i, sid in enumerate(node_state):
                 ev = evaluate(state_views[sid], demand)

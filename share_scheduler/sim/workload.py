@@ -78,55 +78,53 @@ def _int(row: dict[str, str], key: str, where: str) -> int:
     return value
 
 
+def _openb_rows(path: str | Path, what: str) -> list[tuple[int, str, dict[str, str]]]:
+    """An openb CSV file's rows: (index, `file:line` for errors, row); a file of none is an error."""
+    with open(path, newline="") as fh:
+        rows = [(i, f"{path}:{i + 2}", row) for i, row in enumerate(csv.DictReader(fh))]
+    if not rows:
+        raise WorkloadError(f"{path}: no {what}")
+    return rows
+
+
 def load_openb_nodes(path: str | Path) -> tuple[SimNode, ...]:
     """openb node list: sn, cpu_milli, memory_mib, gpu, model. Every GPU has 1000 units."""
-    nodes = []
-    with open(path, newline="") as fh:
-        for lineno, row in enumerate(csv.DictReader(fh), start=2):
-            where = f"{path}:{lineno}"
-            gpus = _int(row, "gpu", where)
-            nodes.append(
-                SimNode(
-                    name=row.get("sn") or f"node-{lineno - 2}",
-                    model=(row.get("model") or "").strip(),
-                    gpus=(MILLI,) * gpus,
-                    cpu=_int(row, "cpu_milli", where),
-                    memory=_int(row, "memory_mib", where),
-                )
-            )
-    if not nodes:
-        raise WorkloadError(f"{path}: no nodes")
-    return tuple(nodes)
+    return tuple(
+        SimNode(
+            name=row.get("sn") or f"node-{i}",
+            model=(row.get("model") or "").strip(),
+            gpus=(MILLI,) * _int(row, "gpu", where),
+            cpu=_int(row, "cpu_milli", where),
+            memory=_int(row, "memory_mib", where),
+        )
+        for i, where, row in _openb_rows(path, "nodes")
+    )
 
 
 def load_openb_pods(path: str | Path) -> tuple[SimPod, ...]:
     """openb pod list. `gpu_milli` is the share of one GPU; pods with num_gpu > 1 take whole GPUs."""
     pods = []
-    with open(path, newline="") as fh:
-        for lineno, row in enumerate(csv.DictReader(fh), start=2):
-            where = f"{path}:{lineno}"
-            num_gpu = _int(row, "num_gpu", where)
-            milli = _int(row, "gpu_milli", where)
-            if num_gpu == 0 or milli == 0:
-                per, count = 0, 0
-            elif num_gpu > 1:
-                per, count = MILLI, num_gpu
-            else:
-                per, count = min(milli, MILLI), 1
-            spec = (row.get("gpu_spec") or "").strip()
-            models = tuple(sorted(m.strip().lower() for m in spec.split("|") if m.strip()))
-            pods.append(
-                SimPod(
-                    name=row.get("name") or f"pod-{lineno - 2}",
-                    per_gpu=per,
-                    count=count,
-                    models=models,
-                    cpu=_int(row, "cpu_milli", where),
-                    memory=_int(row, "memory_mib", where),
-                )
+    for i, where, row in _openb_rows(path, "pods"):
+        num_gpu = _int(row, "num_gpu", where)
+        milli = _int(row, "gpu_milli", where)
+        if num_gpu == 0 or milli == 0:
+            per, count = 0, 0
+        elif num_gpu > 1:
+            per, count = MILLI, num_gpu
+        else:
+            per, count = min(milli, MILLI), 1
+        spec = (row.get("gpu_spec") or "").strip()
+        models = tuple(sorted(m.strip().lower() for m in spec.split("|") if m.strip()))
+        pods.append(
+            SimPod(
+                name=row.get("name") or f"pod-{i}",
+                per_gpu=per,
+                count=count,
+                models=models,
+                cpu=_int(row, "cpu_milli", where),
+                memory=_int(row, "memory_mib", where),
             )
-    if not pods:
-        raise WorkloadError(f"{path}: no pods")
+        )
     return tuple(pods)
 
 

@@ -88,6 +88,25 @@ def tail(path: Path, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class StartStop:
+    """A harness part that runs between its start() and its stop(): `with Part(...) as part:` does both."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> object:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
 class ManagedProcess:
     """A child process, stdout+stderr in one log file, stopped by its own PID only."""
 
@@ -180,6 +199,15 @@ def _http_get(url: str, context: ssl.SSLContext | None = None, timeout: float = 
         return int(e.code), e.read().decode(errors="replace")
 
 
+def http_status(url: str, timeout: float = 2.0) -> int:
+    """The HTTP status a GET of `url` answers with, 0 while nothing answers (or answers an error)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except OSError:
+        return 0
+
+
 def _wait_healthz(proc: ManagedProcess, port: int, timeout: float) -> None:
     """Wait for a component's /healthz on 127.0.0.1:<port>, served with its own self-signed cert."""
     insecure = ssl.create_default_context()
@@ -210,7 +238,7 @@ class SchedulerHandle:
         return self.process.pid
 
 
-class ControlPlane:
+class ControlPlane(StartStop):
     """etcd + kube-apiserver (+ kube-scheduler on demand) on 127.0.0.1."""
 
     _serving: CertPair
@@ -296,18 +324,6 @@ class ControlPlane:
             if proc is not None:
                 proc.stop()
                 setattr(self, attr, None)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def processes(self) -> list[ManagedProcess]:
         procs = [

@@ -41,7 +41,7 @@ from share_core.contract import (
 from share_core.gpus import node_gpus
 from share_core.kube import ApiServerClient, KubeError, NotFound
 from share_core.request import pod_request
-from tests.controlplane.cluster import ControlPlane, ControlPlaneError, ManagedProcess, free_port
+from tests.controlplane.cluster import ControlPlane, ControlPlaneError, ManagedProcess, free_port, http_status
 from tests.kubelet import KubeletStandIn, set_pod_phase
 from tests.unit.chart.helm import render_chart
 
@@ -176,11 +176,7 @@ class GpuCluster:
     def _http_status(self, path: str) -> int:
         if self.extender is not None and not self.extender.alive():
             raise self.extender.fail("exited")
-        try:
-            with urllib.request.urlopen(self.extender_url + path, timeout=3) as resp:
-                return resp.status
-        except OSError:
-            return 0
+        return http_status(self.extender_url + path, timeout=3)
 
     def extender_json(self, path: str) -> Any:
         with urllib.request.urlopen(self.extender_url + path, timeout=10) as resp:

@@ -9,11 +9,12 @@ annotations.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from io import StringIO
-from typing import Any
+from typing import Any, Self
 
 import grpc
 
@@ -200,6 +201,15 @@ class RealGpuNode:
 
     def stop(self) -> None:
         self.stop_plugin()
+
+    @contextlib.contextmanager
+    def running(self, extra_args: list[str] | None = None) -> Iterator[Self]:
+        """The plugin started (`start_plugin`) for the with-block, stopped after it."""
+        self.start_plugin(extra_args=extra_args)
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def logs(self, lines: int = 60) -> str:
         plugin = self.plugin.log_tail(lines) if self.plugin else "<plugin not running>"

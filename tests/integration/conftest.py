@@ -85,12 +85,8 @@ def k8s_bin_dir() -> Path:
 @pytest.fixture(scope="session")
 def control_plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver on loopback for the whole session; stopped at the end."""
-    cp = ControlPlane(tmp_path_factory.mktemp("controlplane"), k8s_bin_dir)
-    cp.start()
-    try:
+    with ControlPlane(tmp_path_factory.mktemp("controlplane"), k8s_bin_dir) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

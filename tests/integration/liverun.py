@@ -7,7 +7,6 @@ import logging
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from share_scheduler.config import scheduler_config
 from share_scheduler.sim.workload import SimNode, SimPod
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
-from tests.controlplane.cluster import ManagedProcess, free_port
+from tests.controlplane.cluster import ManagedProcess, free_port, http_status
 from tests.controlplane.gpucluster import wait_for
 from tests.integration.livesim import Placement, node_object, node_resources, pod_object
 
@@ -97,14 +96,6 @@ def _unschedulable(pod: dict[str, Any]) -> bool:
     return False
 
 
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status
-    except OSError:
-        return 0
-
-
 def _create_nodes(admin: ApiServerClient, nodes: list[SimNode]) -> None:
     for node in nodes:
         create_node(admin, node.name, node_resources(node), annotations=node_object(node)["metadata"]["annotations"])
@@ -141,7 +132,7 @@ def run_live(
     scheduler = None
     watch = None
     try:
-        wait_for(lambda: _status(url + "/readyz") == 200, 60, "the extender's first sync", interval=0.1)
+        wait_for(lambda: http_status(url + "/readyz") == 200, 60, "the extender's first sync", interval=0.1)
         config = scheduler_config(extender_url=f"{url}/gpushare-scheduler", scheduler_name=SCHEDULER)
         config["clientConnection"] = {"qps": 500, "burst": 1000}
         scheduler = cp.launch_scheduler(yaml.safe_dump(config), "kube-scheduler-live-vs-sim")

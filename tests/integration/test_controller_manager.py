@@ -23,13 +23,9 @@ def _poll(check, timeout: float, what: str):
 
 @pytest.fixture(scope="module")
 def cm_plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(tmp_path_factory.mktemp("cm-plane"), k8s_bin_dir, service_accounts=True)
-    cp.start()
-    try:
+    with ControlPlane(tmp_path_factory.mktemp("cm-plane"), k8s_bin_dir, service_accounts=True) as cp:
         cp.start_controller_manager()
         yield cp
-    finally:
-        cp.stop()
 
 
 def test_controllers_make_pods_tokens_and_clean_up(cm_plane: ControlPlane):

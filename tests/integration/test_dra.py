@@ -31,7 +31,6 @@ import pytest
 from share_core.contract import (
     DRA_CAPACITY_MEMORY,
     DRA_CDI_KIND,
-    DRA_DEVICE_CLASS,
     DRA_DRIVER_NAME,
     ENV_MEM_LIMIT_MIB,
     ENV_MEM_TOTAL_MIB,
@@ -48,7 +47,7 @@ from share_node.backend.sim import sim_uuid
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.draworkload import device_class
+from tests.controlplane.draworkload import device_class, memory_claim
 from tests.controlplane.gpucluster import wait_for
 from tests.unit.chart.helm import cluster_role_rules, render_chart
 
@@ -89,6 +88,32 @@ def grant_plugin_rbac(admin: ApiServerClient, version: tuple[int, int]) -> None:
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": PLUGIN_USER}],
         },
     )
+
+
+def start_dra_control_plane(workdir: Path, k8s_bin_dir: Path) -> tuple[ControlPlane, tuple[int, int]]:
+    """A control plane for DRA, started, and its version: DRAConsumableCapacity on before 1.36 (its default
+    from then), the default kube-scheduler (its DynamicResources plugin) and the resourceclaim controller."""
+    version = ControlPlane(workdir / "probe", k8s_bin_dir).version()
+    gates = {"DRAConsumableCapacity": True} if version < (1, 36) else {}
+    cp = ControlPlane(workdir / "controlplane", k8s_bin_dir, feature_gates=gates)
+    cp.start()
+    try:
+        cp.start_scheduler("profiles: [{schedulerName: default-scheduler}]\n")
+        cp.start_controller_manager(controllers=("resourceclaim-controller",))
+    except BaseException:
+        cp.stop()
+        raise
+    return cp, version
+
+
+def claim_template(ns: str, gib: int) -> dict[str, Any]:
+    """The ResourceClaimTemplate `gpu-<gib>gi`: the claim draworkload.memory_claim makes, one GPU, gib GiB of it."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"gpu-{gib}gi", "namespace": ns},
+        "spec": {"spec": memory_claim(ns, f"gpu-{gib}gi", gib)["spec"]},
+    }
 
 
 @dataclass
@@ -197,29 +222,6 @@ def assert_never_overcommitted(cluster: DraCluster) -> dict[tuple[str, str], int
     return used
 
 
-def template(ns: str, gib: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"gpu-{gib}gi", "namespace": ns},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": DRA_DEVICE_CLASS,
-                                "capacity": {"requests": {DRA_CAPACITY_MEMORY: f"{gib}Gi"}},
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-
-
 def dra_pod(ns: str, name: str, gib: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -236,7 +238,7 @@ def dra_pod(ns: str, name: str, gib: int) -> dict[str, Any]:
 def create_pods(cluster: DraCluster, ns: str, sizes: list[int], prefix: str) -> list[str]:
     for gib in sorted(set(sizes)):
         try:
-            cluster.admin.request("POST", f"{RES}/namespaces/{ns}/resourceclaimtemplates", body=template(ns, gib))
+            cluster.admin.request("POST", f"{RES}/namespaces/{ns}/resourceclaimtemplates", body=claim_template(ns, gib))
         except Exception as exc:  # already there from an earlier wave
             if "AlreadyExists" not in str(exc) and "already exists" not in str(exc):
                 raise
@@ -306,16 +308,11 @@ def no_claims_left(cluster: DraCluster, ns: str) -> bool:
 @pytest.fixture(scope="module")
 def dra_cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraCluster]:
     workdir = tmp_path_factory.mktemp("dra")
-    probe = ControlPlane(workdir / "probe", k8s_bin_dir)
-    gates = {"DRAConsumableCapacity": True} if probe.version() < (1, 36) else {}
-    cp = ControlPlane(workdir / "controlplane", k8s_bin_dir, feature_gates=gates)
-    cp.start()
+    cp, version = start_dra_control_plane(workdir, k8s_bin_dir)
     cluster = DraCluster(cp, workdir)
     try:
-        cp.start_scheduler("profiles: [{schedulerName: default-scheduler}]\n")
-        cp.start_controller_manager(controllers=("resourceclaim-controller",))
         admin = cluster.admin
-        grant_plugin_rbac(admin, probe.version())
+        grant_plugin_rbac(admin, version)
         admin.request("POST", f"{RES}/deviceclasses", body=device_class())
         for name in NODES:
             create_node(admin, name, {"cpu": "64", "memory": "256Gi", "pods": "110"})
@@ -428,26 +425,22 @@ def test_claims_packed_never_over_a_gpu_and_freed_by_deleting_pods(dra_cluster: 
     print(f"wave 2: {len(bound2)} of {len(waiting)} formerly waiting pods bound; used {sorted(used2.items())}")
 
 
-def _prepare(node: DraNode, claim: dict[str, Any]) -> pb.NodePrepareResourcesResponse:
+def _call(node: DraNode, verb: str, claim: dict[str, Any]) -> Any:
+    """kubelet's Node<verb>Resources call for one claim, on the node's DRA socket."""
     meta = claim["metadata"]
+    request = getattr(pb, f"Node{verb}ResourcesRequest")
     with grpc.insecure_channel(f"unix://{node.plugin_dir / 'dra.sock'}") as ch:
-        return pbgrpc.DRAPluginStub(ch).NodePrepareResources(
-            pb.NodePrepareResourcesRequest(
-                claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]
-            ),
-            timeout=10,
+        return getattr(pbgrpc.DRAPluginStub(ch), f"Node{verb}Resources")(
+            request(claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]), timeout=10
         )
+
+
+def _prepare(node: DraNode, claim: dict[str, Any]) -> pb.NodePrepareResourcesResponse:
+    return _call(node, "Prepare", claim)
 
 
 def _unprepare(node: DraNode, claim: dict[str, Any]) -> pb.NodeUnprepareResourcesResponse:
-    meta = claim["metadata"]
-    with grpc.insecure_channel(f"unix://{node.plugin_dir / 'dra.sock'}") as ch:
-        return pbgrpc.DRAPluginStub(ch).NodeUnprepareResources(
-            pb.NodeUnprepareResourcesRequest(
-                claims=[pb.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])]
-            ),
-            timeout=10,
-        )
+    return _call(node, "Unprepare", claim)
 
 
 def test_prepare_writes_the_claims_cdi_spec_and_survives_a_restart(dra_cluster: DraCluster, dra_ns: str) -> None:

@@ -28,7 +28,7 @@ from share_core.kube import ApiServerClient, KubeError
 from share_scheduler.config import scheduler_config
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_bare_nodes, gpu_pod
-from tests.controlplane.cluster import ManagedProcess, free_port
+from tests.controlplane.cluster import ManagedProcess, free_port, http_status
 from tests.controlplane.gpucluster import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -55,7 +55,7 @@ class Replica:
         argv = [sys.executable, "-m", "share_scheduler.cli", "--port", str(port), "--bind-address", "127.0.0.1",
                 "--kubeconfig", str(cp.admin_kubeconfig), "--policy", "binpack", "--log-level", "INFO"]  # fmt: skip
         self.extender = ManagedProcess(f"extender-{name}", argv, workdir / f"extender-{name}.log")
-        wait_for(lambda: _status(self.url + "/readyz") == 200, 60, f"extender {name} ready")
+        wait_for(lambda: http_status(self.url + "/readyz") == 200, 60, f"extender {name} ready")
         config = scheduler_config(extender_url=f"{self.url}/gpushare-scheduler", scheduler_name=SCHEDULER)
         config["leaderElection"] = {
             "leaderElect": True,
@@ -98,24 +98,10 @@ class Replica:
         return 0.0
 
 
-def _status(url: str) -> int:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status
-    except OSError:
-        return 0
-
-
 @pytest.fixture(scope="module")
 def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(tmp_path_factory.mktemp("failover-plane"), k8s_bin_dir)
-    cp.start()
-    try:
+    with ControlPlane(tmp_path_factory.mktemp("failover-plane"), k8s_bin_dir) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 def test_standby_takes_over_mid_burst_without_double_booking(plane: ControlPlane, tmp_path: Path) -> None:
@@ -129,7 +115,7 @@ def test_standby_takes_over_mid_burst_without_double_booking(plane: ControlPlane
         wait_for(lambda: any(r.leads() for r in replicas), 60, "a leader", interval=0.2)
         leader = next(r for r in replicas if r.leads())
         standby = next(r for r in replicas if r is not leader)
-        assert _status(standby.url + "/readyz") == 200, "the standby's extender syncs before it leads"
+        assert http_status(standby.url + "/readyz") == 200, "the standby's extender syncs before it leads"
 
         bound_at: dict[str, float] = {}
         rv = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["metadata"]["resourceVersion"]

@@ -61,12 +61,8 @@ def first_covering_sample(pods: Sequence[SimPod], nodes: Sequence[SimNode]) -> t
 @pytest.fixture
 def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of its own per run: no other run's nodes or pods may be seen by this one."""
-    cp = ControlPlane(tmp_path_factory.mktemp("live-vs-sim-plane"), k8s_bin_dir)
-    cp.start()
-    try:
+    with ControlPlane(tmp_path_factory.mktemp("live-vs-sim-plane"), k8s_bin_dir) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.mark.parametrize("policy", ["binpack", "frag"])

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from share_core.accounting import node_usage
+from share_core.accounting import GpuUsage, node_usage
 from share_core.assignment import Assignment, parse_assignment, pod_annotations
 from share_core.contract import (
     ANN_ASSIGNED,
@@ -40,12 +40,8 @@ BURST_SIZES = [1, 2, 2, 3, 4, 4, 1, 8, 2, 5]  # repeated: equal sizes on purpose
 
 @pytest.fixture(scope="module")
 def real_gpu(gpu_cluster: GpuCluster, real_node: RealNode) -> Iterator[RealGpuNode]:
-    node = RealGpuNode(gpu_cluster, real_node, SIM_GPUS)
-    node.start_plugin()
-    try:
+    with RealGpuNode(gpu_cluster, real_node, SIM_GPUS).running() as node:
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture
@@ -266,17 +262,23 @@ def test_pod_resources_unreachable_refuses_rather_than_guess(real_gpu: RealGpuNo
     assert "PodResources" in real_gpu.plugin.log_tail(200)
 
 
+def over_cpu_pod(real_gpu: RealGpuNode, name: str, ns: str) -> tuple[dict[str, Any], GpuUsage]:
+    """A gpushare pod bound here with 4 GiB on a GPU with room, asking more CPU than the node has: kubelet
+    has the plugin serve it, then rejects it OutOfcpu. Returns the pod and the GPU's usage before it."""
+    usage = node_usage(node_gpus(real_gpu.cluster.admin.get_node(real_gpu.name)), real_gpu.pods())
+    gpu = next(g for g in usage.gpus if g.total - g.used >= 4)
+    pod = bound_pod(real_gpu, name, ns, 4)
+    pod["spec"]["schedulerName"] = "gpushare-scheduler"
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000"}
+    pod["metadata"]["annotations"].update(Assignment((gpu.index,), (gpu.uuid,), 4, time.time_ns()).to_annotations())
+    return pod, gpu
+
+
 def test_pod_rejected_after_allocate_frees_its_memory(real_gpu: RealGpuNode, rns: str) -> None:
     """kubelet runs the device allocation before its predicate admit handler (kubelet.go): a pod can be
     served and then rejected (here OutOfcpu). It is Failed, and its memory counts for nothing."""
     cluster = real_gpu.cluster
-    node = cluster.admin.get_node(real_gpu.name)
-    usage = node_usage(node_gpus(node), real_gpu.pods())
-    gpu = next(g for g in usage.gpus if g.total - g.used >= 4)
-    pod = bound_pod(real_gpu, "greedy", rns, 4)
-    pod["spec"]["schedulerName"] = "gpushare-scheduler"
-    pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000"}
-    pod["metadata"]["annotations"].update(Assignment((gpu.index,), (gpu.uuid,), 4, time.time_ns()).to_annotations())
+    pod, gpu = over_cpu_pod(real_gpu, "greedy", rns)
     create(cluster, pod)
     failed = cluster.wait_phase(rns, "greedy", ["Failed"], timeout=120)
     assert failed["status"].get("reason") == "OutOfcpu", failed["status"]
@@ -303,13 +305,7 @@ def test_pods_rejected_at_admission_followed_by_pods_of_the_same_size(real_gpu: 
     rejected pods in PodResources, holding nothing, like a pod being admitted: every later pod still runs
     on the GPU its annotations name."""
     cluster = real_gpu.cluster
-    node = cluster.admin.get_node(real_gpu.name)
-    usage = node_usage(node_gpus(node), real_gpu.pods())
-    gpu = next(g for g in usage.gpus if g.total - g.used >= 4)
-    greedy = bound_pod(real_gpu, "a-greedy", rns, 4)
-    greedy["spec"]["schedulerName"] = "gpushare-scheduler"
-    greedy["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1000"}
-    greedy["metadata"]["annotations"].update(Assignment((gpu.index,), (gpu.uuid,), 4, time.time_ns()).to_annotations())
+    greedy, _ = over_cpu_pod(real_gpu, "a-greedy", rns)
     first = [real_gpu.pod(f"b-next{i}", rns, 4) for i in range(3)]
     create(cluster, greedy, bound_pod(real_gpu, "a-stranger", rns, 4), *first)
     pods = settle(cluster, rns, ["a-greedy", "a-stranger"] + [p["metadata"]["name"] for p in first])

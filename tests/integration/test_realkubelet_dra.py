@@ -27,7 +27,6 @@ import pytest
 
 from share_core.contract import (
     DRA_CAPACITY_MEMORY,
-    DRA_DEVICE_CLASS,
     DRA_DRIVER_NAME,
     ENV_MEM_LIMIT_MIB,
     ENV_MEM_TOTAL_MIB,
@@ -41,10 +40,10 @@ from share_node.backend.simlimits import read_state
 from share_node.hardlimit import pod_uid_of_dir
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.draworkload import device_class
+from tests.controlplane.draworkload import device_class, memory_claim
 from tests.controlplane.gpucluster import wait_for
 from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
-from tests.integration.test_dra import PLUGIN_USER, RES, grant_plugin_rbac
+from tests.integration.test_dra import PLUGIN_USER, RES, grant_plugin_rbac, start_dra_control_plane
 from tests.node import RealNode
 from tests.node.host import hard_limit_cgroup_tree
 
@@ -77,17 +76,12 @@ class DraRealNode:
 @pytest.fixture(scope="module")
 def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraRealNode]:
     workdir = tmp_path_factory.mktemp("dra-realnode")
-    probe = ControlPlane(workdir / "probe", k8s_bin_dir)
-    gates = {"DRAConsumableCapacity": True} if probe.version() < (1, 36) else {}
-    cp = ControlPlane(workdir / "controlplane", k8s_bin_dir, feature_gates=gates)
     node: RealNode | None = None
     plugin: ManagedProcess | None = None
-    cp.start()
+    cp, version = start_dra_control_plane(workdir, k8s_bin_dir)
     try:
-        cp.start_scheduler("profiles: [{schedulerName: default-scheduler}]\n")
-        cp.start_controller_manager(controllers=("resourceclaim-controller",))
         node = RealNode(cp, NODE, workdir / "node").start()  # kubelet runs with the control plane's gates
-        grant_plugin_rbac(node.admin, probe.version())
+        grant_plugin_rbac(node.admin, version)
         node.admin.request("POST", f"{RES}/deviceclasses", body=device_class())
         node.admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS}})
         plugin_dir = node.plugins_dir / DRA_DRIVER_NAME
@@ -144,19 +138,6 @@ def dra_real(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cp.stop()
 
 
-def claim(name: str, gib: int) -> dict[str, Any]:
-    request = {
-        "name": "gpu",
-        "exactly": {"deviceClassName": DRA_DEVICE_CLASS, "capacity": {"requests": {DRA_CAPACITY_MEMORY: f"{gib}Gi"}}},
-    }
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [request]}},
-    }
-
-
 def pod(name: str, claim_name: str, image: str, containers: int = 1) -> dict[str, Any]:
     """A pod whose containers all use the claim and print their env; the pod sets no env of its own."""
     return {
@@ -183,7 +164,7 @@ def pod(name: str, claim_name: str, image: str, containers: int = 1) -> dict[str
 
 def run(env: DraRealNode, name: str, gib: int, containers: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
     """Create the claim and its pod; wait until the pod runs. Returns (pod, claim)."""
-    env.request("POST", f"{RES}/namespaces/{NS}/resourceclaims", body=claim(name, gib))
+    env.request("POST", f"{RES}/namespaces/{NS}/resourceclaims", body=memory_claim(NS, name, gib))
     env.request("POST", f"/api/v1/namespaces/{NS}/pods", body=pod(name, name, env.node.images.busybox.ref, containers))
 
     def running() -> dict[str, Any] | None:

@@ -51,11 +51,8 @@ def hard(gpu_cluster: GpuCluster, real_node: RealNode, tmp_path_factory: pytest.
     ]
     node.state = str(state)  # type: ignore[attr-defined]
     node.cgroup_tree = root  # type: ignore[attr-defined]
-    node.start_plugin(extra_args=node.hard_args)  # type: ignore[attr-defined]
-    try:
+    with node.running(extra_args=node.hard_args):  # type: ignore[attr-defined]
         yield node
-    finally:
-        node.stop()
 
 
 @pytest.fixture

@@ -83,11 +83,8 @@ def mon(gpu_cluster: GpuCluster, real_node: RealNode, tmp_path_factory: pytest.T
     processes.write_text("[]")
     node = RealGpuNode(gpu_cluster, real_node, SIM_GPUS)
     m = Monitored(node, processes, free_ports(1)[0])
-    node.start_plugin(extra_args=m.args())
-    try:
+    with node.running(extra_args=m.args()):
         yield m
-    finally:
-        node.stop()
 
 
 @pytest.fixture

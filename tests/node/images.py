@@ -33,14 +33,17 @@ class NodeImages:
         return [self.pause, self.busybox]
 
 
-def load_images(directory: Path) -> NodeImages:
+def read_images(directory: Path) -> dict[str, NodeImage]:
+    """The images a build wrote to `directory`, by name, as its images.json lists them."""
     data = json.loads((Path(directory) / "images.json").read_text())["images"]
+    return {
+        key: NodeImage(item["ref"], Path(directory) / item["archive"], item["digest"]) for key, item in data.items()
+    }
 
-    def one(key: str) -> NodeImage:
-        item = data[key]
-        return NodeImage(item["ref"], Path(directory) / item["archive"], item["digest"])
 
-    return NodeImages(Path(directory), one("pause"), one("busybox"))
+def load_images(directory: Path) -> NodeImages:
+    images = read_images(directory)
+    return NodeImages(Path(directory), images["pause"], images["busybox"])
 
 
 @functools.cache

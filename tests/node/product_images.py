@@ -11,7 +11,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.node.images import NodeImage
+from tests.node.images import NodeImage, read_images
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-image.sh"
@@ -32,13 +32,8 @@ class ProductImages:
 
 
 def load_product_images(directory: Path) -> ProductImages:
-    data = json.loads((Path(directory) / "images.json").read_text())["images"]
-
-    def one(key: str) -> NodeImage:
-        item = data[key]
-        return NodeImage(item["ref"], Path(directory) / item["archive"], item["digest"])
-
-    return ProductImages(Path(directory), one("gpushare"), one("kube-scheduler"))
+    images = read_images(directory)
+    return ProductImages(Path(directory), images["gpushare"], images["kube-scheduler"])
 
 
 def build_product_images(out: Path | None = None, fresh: bool = False) -> ProductImages:

@@ -50,14 +50,21 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import yaml
 
 from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE
 from share_core.kube import ApiServerClient, KubeError, NotFound, load_configuration
-from tests.controlplane.cluster import LOOPBACK, ControlPlane, ControlPlaneError, ManagedProcess, free_ports, tail
+from tests.controlplane.cluster import (
+    LOOPBACK,
+    ControlPlane,
+    ControlPlaneError,
+    ManagedProcess,
+    StartStop,
+    free_ports,
+    tail,
+)
 
 from . import host
 from .containerd import ContainerdBuildError, containerd_bin_dir
@@ -117,7 +124,7 @@ def _ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-class RealNode:
+class RealNode(StartStop):
     """containerd + kubelet registered to `cp` as node `name`; see the module docstring."""
 
     def __init__(
@@ -301,14 +308,6 @@ class RealNode:
             shutil.rmtree(d, ignore_errors=True)
         if errors:
             raise RealNodeError(f"node {self.name} cleanup incomplete: " + " | ".join(errors))
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def node(self) -> dict[str, Any]:
         return self.admin.get_node(self.name)

@@ -19,8 +19,9 @@ import shutil
 import socket
 import subprocess
 import threading
-from types import TracebackType
 from typing import Self
+
+from tests.controlplane.cluster import StartStop
 
 
 class ServiceProxyError(RuntimeError):
@@ -35,7 +36,7 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-class KubernetesServiceProxy:
+class KubernetesServiceProxy(StartStop):
     """ClusterIP:port on the host (an empty bridge holds it: the dummy module may be missing) -> target."""
 
     def __init__(self, cluster_ip: str, port: int, target_host: str, target_port: int) -> None:
@@ -81,14 +82,6 @@ class KubernetesServiceProxy:
                 c.close()
         if _ip("link", "show", self.interface, check=False).returncode == 0:
             _ip("link", "del", self.interface)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def _accept(self) -> None:
         while not self._stopping.is_set() and self._listener is not None:

@@ -12,7 +12,7 @@ import os
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import yaml
 
@@ -82,6 +82,16 @@ def lint(
     return run_helm("lint", "--strict", str(chart_dir), *_value_args(values_files, set_values)).stdout
 
 
+class RenderOptions(TypedDict, total=False):
+    """What `render_chart` passes on to `template` (but show_notes: NOTES.txt is no object)."""
+
+    release: str
+    namespace: str
+    kube_version: str | None
+    api_versions: Sequence[str]
+    chart_dir: Path
+
+
 def template(
     values_files: Iterable[str | os.PathLike[str]] = (),
     set_values: Mapping[str, Any] | None = None,
@@ -107,28 +117,15 @@ def template(
 def render_chart(
     values_files: Iterable[str | os.PathLike[str]] = (),
     set_values: Mapping[str, Any] | None = None,
-    *,
-    release: str = DEFAULT_RELEASE,
-    namespace: str = DEFAULT_NAMESPACE,
-    kube_version: str | None = None,
-    api_versions: Sequence[str] = (),
-    chart_dir: Path = CHART_DIR,
+    **options: Unpack[RenderOptions],
 ) -> list[Obj]:
-    """The chart's objects as dicts, in helm's order; empty documents dropped.
+    """The chart's objects as dicts, in helm's order; empty documents dropped. `options` are template's.
 
     `set_values` maps helm value paths to Python values, e.g. {"scheduler.replicas": 1,
     "devicePlugin.backend": "sim"}. `kube_version` (e.g. "v1.36.3") is what
     .Capabilities.KubeVersion reports, which picks the kube-scheduler image tag by default.
     """
-    text = template(
-        values_files,
-        set_values,
-        release=release,
-        namespace=namespace,
-        kube_version=kube_version,
-        api_versions=api_versions,
-        chart_dir=chart_dir,
-    )
+    text = template(values_files, set_values, **options)
     return [d for d in yaml.safe_load_all(text) if d]
 
 

@@ -83,6 +83,16 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+def raw(answer: bytes, keep: bool) -> Handler:
+    """A handler that sends `answer` as it is, then keeps the connection open (`keep`) or closes it."""
+
+    def handle(conn: socket.socket, _: bytes) -> bool:
+        conn.sendall(answer)
+        return keep
+
+    return handle
+
+
 def ok(body: bytes = b'{"kind":"Status"}', status: str = "201 Created") -> Handler:
     def handle(conn: socket.socket, _: bytes) -> bool:
         conn.sendall(
@@ -115,11 +125,9 @@ def test_request_and_keep_alive(server):
 
 
 def test_chunked_body(server):
-    def chunked(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1;x=y\r\n!\r\n0\r\n\r\n")
-        return True
-
-    server.script.append(chunked)
+    server.script.append(
+        raw(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n1;x=y\r\n!\r\n0\r\n\r\n", keep=True)
+    )
     pool = ConnectionPool(server.url())
     assert pool.request("GET", "/c").data == b"hello!"
     assert pool.request("GET", "/after").status == 201  # the connection is still usable after it
@@ -136,10 +144,7 @@ def test_server_closed_kept_alive_connection_is_retried_once(server):
 
 
 def test_no_retry_once_an_answer_started(server):
-    def half(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\npartial")
-        return False
-
+    half = raw(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\npartial", keep=False)
     pool = ConnectionPool(server.url())
     pool.request("GET", "/warm")
     server.script.append(half)
@@ -150,11 +155,7 @@ def test_no_retry_once_an_answer_started(server):
 
 
 def test_connection_close_is_honoured(server):
-    def closing(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
-        return False
-
-    server.script.append(closing)
+    server.script.append(raw(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", keep=False))
     pool = ConnectionPool(server.url())
     assert pool.request("GET", "/a").data == b"ok"
     assert pool.request("GET", "/b").status == 201
@@ -162,14 +163,8 @@ def test_connection_close_is_honoured(server):
 
 
 def test_body_until_close_and_no_body_statuses(server):
-    def until_close(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\nall of it")
-        return False
-
-    def no_content(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
-        return True
-
+    until_close = raw(b"HTTP/1.1 200 OK\r\n\r\nall of it", keep=False)
+    no_content = raw(b"HTTP/1.1 204 No Content\r\n\r\n", keep=True)
     server.script += [until_close, no_content]
     pool = ConnectionPool(server.url())
     assert pool.request("GET", "/a").data == b"all of it"
@@ -194,11 +189,7 @@ def test_refused_and_garbage_are_transport_errors(server):
     with pytest.raises(TransportError, match="cannot connect"):
         ConnectionPool(f"http://127.0.0.1:{port}").request("GET", "/")
 
-    def garbage(conn: socket.socket, _: bytes) -> bool:
-        conn.sendall(b"SMTP ready\r\n\r\n")
-        return False
-
-    server.script.append(garbage)
+    server.script.append(raw(b"SMTP ready\r\n\r\n", keep=False))
     with pytest.raises(TransportError, match="malformed status line"):
         ConnectionPool(server.url()).request("GET", "/")
 

@@ -40,10 +40,15 @@ class FakeDraApi:
         name = obj["metadata"]["name"]
         if name in self.slices:
             raise Conflict(f"resourceslices {name} already exists", 409, "AlreadyExists")
+        return self._store(obj, "create")
+
+    def _store(self, obj: Obj, verb: str) -> Obj:
+        """Keep a copy of the slice at a new resource version, as the API server does; the caller gets another."""
+        name = obj["metadata"]["name"]
         stored = copy.deepcopy(obj)
         stored["metadata"]["resourceVersion"] = self._next_rv()
         self.slices[name] = stored
-        self.writes.append(f"create {name}")
+        self.writes.append(f"{verb} {name}")
         return copy.deepcopy(stored)
 
     def replace_slice(self, obj: Obj) -> Obj:
@@ -55,11 +60,7 @@ class FakeDraApi:
             self.slices[name]["metadata"]["resourceVersion"] = self._next_rv()  # someone else wrote
         if obj["metadata"].get("resourceVersion") != self.slices[name]["metadata"]["resourceVersion"]:
             raise Conflict(f"resourceslices {name}: the object has been modified", 409, "Conflict")
-        stored = copy.deepcopy(obj)
-        stored["metadata"]["resourceVersion"] = self._next_rv()
-        self.slices[name] = stored
-        self.writes.append(f"update {name}")
-        return copy.deepcopy(stored)
+        return self._store(obj, "update")
 
     def delete_slice(self, name: str) -> None:
         if self.slices.pop(name, None) is None:

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from share_core.contract import (
-    ENV_ALIYUN_CONTAINER,
-    ENV_ALIYUN_DEV,
-    ENV_ALIYUN_IDX,
-    ENV_ALIYUN_POD,
-    ENV_GPU_INDEX,
-    ENV_MEM_LIMIT_MIB,
-    ENV_MEM_TOTAL_MIB,
-    ENV_VISIBLE_DEVICES,
-    MemoryUnit,
-)
+from share_core.contract import ENV_ALIYUN_POD, ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES, MemoryUnit
 from share_dra.claims import (
     AllocatedDevice,
     ClaimError,
@@ -23,11 +13,9 @@ from share_dra.claims import (
     prepare,
     quantity_bytes,
 )
-from share_node.backend import Gpu
+from share_node.env import gpu_env
 from tests.unit.dra.fakeapi import allocated_claim
-
-GIB = 1024**3
-GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * GIB, 0), Gpu(1, "GPU-bbbb", "Tesla V100", 32 * GIB, 1)]
+from tests.unit.dra.node import GIB, GPUS
 
 
 def env_of(device: dict) -> dict[str, str]:
@@ -74,16 +62,10 @@ def test_prepare_one_share_gives_the_device_plugins_env() -> None:
     assert prep.spec["kind"] == "gpushare.io/gpu" and prep.spec["cdiVersion"]
     (dev,) = prep.spec["devices"]
     assert dev["name"] == "u1-gpu-1"
-    assert env_of(dev) == {
-        ENV_VISIBLE_DEVICES: "GPU-bbbb",
-        ENV_MEM_LIMIT_MIB: "8192",
-        ENV_MEM_TOTAL_MIB: "32768",
-        ENV_GPU_INDEX: "1",
-        ENV_ALIYUN_CONTAINER: "8",
-        ENV_ALIYUN_DEV: "32",
-        ENV_ALIYUN_IDX: "1",
-        ENV_ALIYUN_POD: "8",
-    }
+    # The one env both node agents write (share_node.env, its figures tested with the device plugin's):
+    # GPU 1 with 8 GiB of it, 8 units for the container and 8 for the pod.
+    assert env_of(dev) == gpu_env([GPUS[1]], 8192, container_units=8, pod_units=8, unit=MemoryUnit.GiB)
+    assert env_of(dev)[ENV_VISIBLE_DEVICES] == "GPU-bbbb" and env_of(dev)[ENV_MEM_LIMIT_MIB] == "8192"
     (p,) = prep.devices
     assert (p.request, p.pool, p.device, p.cdi_device_ids, p.share_id) == (
         "gpu", "n1", "gpu-1", ("gpushare.io/gpu=u1-gpu-1",), "s"

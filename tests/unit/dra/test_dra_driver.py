@@ -7,25 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from share_core.contract import MemoryUnit
-from share_dra.driver import CHECKPOINT_NAME, Checkpoint, ClaimRef, Driver
-from share_node.backend import Gpu
+from share_dra.driver import CHECKPOINT_NAME, ClaimRef
 from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
-
-GIB = 1024**3
-GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * GIB, 0), Gpu(1, "GPU-bbbb", "Tesla V100", 32 * GIB, 1)]
-
-
-def make(tmp_path: Path, api: FakeDraApi, spec_dirs: tuple[str, ...] = ()) -> Driver:
-    return Driver(
-        "n1",
-        lambda: GPUS,
-        api,
-        str(tmp_path / "cdi"),
-        Checkpoint(tmp_path / "plugin" / CHECKPOINT_NAME),
-        MemoryUnit.GiB,
-        spec_dirs or (str(tmp_path / "cdi"),),
-    )
+from tests.unit.dra.node import make_driver
 
 
 @pytest.fixture
@@ -37,7 +21,7 @@ def api() -> FakeDraApi:
 
 
 def test_prepare_writes_a_spec_per_claim_and_checkpoints_it(tmp_path: Path, api: FakeDraApi) -> None:
-    driver = make(tmp_path, api)
+    driver = make_driver(tmp_path, api)
     out = driver.prepare([ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")])
     assert out["uid-1"][0].cdi_device_ids == ("gpushare.io/gpu=uid-1-gpu-1",)
     assert out["uid-2"][0].cdi_device_ids == ("gpushare.io/gpu=uid-2-gpu-0",)
@@ -50,16 +34,16 @@ def test_prepare_writes_a_spec_per_claim_and_checkpoints_it(tmp_path: Path, api:
 
 
 def test_prepare_is_idempotent_and_does_not_ask_the_api_again(tmp_path: Path, api: FakeDraApi) -> None:
-    driver = make(tmp_path, api)
+    driver = make_driver(tmp_path, api)
     first = driver.prepare([ClaimRef("ns", "uid-1", "c1")])
     api.claims.clear()  # a second Prepare must answer from the checkpoint
     assert driver.prepare([ClaimRef("ns", "uid-1", "c1")]) == first
     # After a restart, too.
-    assert make(tmp_path, api).prepare([ClaimRef("ns", "uid-1", "c1")]) == first
+    assert make_driver(tmp_path, api).prepare([ClaimRef("ns", "uid-1", "c1")]) == first
 
 
 def test_a_lost_spec_file_is_written_again(tmp_path: Path, api: FakeDraApi) -> None:
-    driver = make(tmp_path, api)
+    driver = make_driver(tmp_path, api)
     driver.prepare([ClaimRef("ns", "uid-1", "c1")])
     spec = tmp_path / "cdi" / "gpushare.io-claim_uid-1.json"
     spec.unlink()
@@ -68,9 +52,9 @@ def test_a_lost_spec_file_is_written_again(tmp_path: Path, api: FakeDraApi) -> N
 
 
 def test_unprepare_after_a_restart_removes_exactly_what_prepare_made(tmp_path: Path, api: FakeDraApi) -> None:
-    make(tmp_path, api).prepare([ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")])
+    make_driver(tmp_path, api).prepare([ClaimRef("ns", "uid-1", "c1"), ClaimRef("ns", "uid-2", "c2")])
     (tmp_path / "cdi" / "nvidia.yaml").write_text("kind: nvidia.com/gpu\ndevices: []\n")
-    restarted = make(tmp_path, api)
+    restarted = make_driver(tmp_path, api)
     assert restarted.unprepare([ClaimRef("ns", "uid-1", "c1")]) == {"uid-1": ""}
     assert sorted(p.name for p in (tmp_path / "cdi").iterdir()) == ["gpushare.io-claim_uid-2.json", "nvidia.yaml"]
     assert sorted(json.loads((tmp_path / "plugin" / CHECKPOINT_NAME).read_text())["claims"]) == ["uid-2"]
@@ -83,7 +67,7 @@ def test_unprepare_after_a_restart_removes_exactly_what_prepare_made(tmp_path: P
 
 def test_prepare_errors_are_per_claim_and_name_the_claim(tmp_path: Path, api: FakeDraApi) -> None:
     api.add_claim({"metadata": {"namespace": "ns", "name": "pending", "uid": "uid-p"}, "status": {}})
-    out = make(tmp_path, api).prepare(
+    out = make_driver(tmp_path, api).prepare(
         [
             ClaimRef("ns", "uid-1", "c1"),
             ClaimRef("ns", "uid-x", "gone"),
@@ -105,7 +89,7 @@ def test_nvidias_spec_on_the_node_is_referenced(tmp_path: Path, api: FakeDraApi)
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-bbbb\n  containerEdits: {}\n"
     )
     (etc / "broken.json").write_text("{not json")
-    out = make(tmp_path, api, (str(etc), str(tmp_path / "cdi"))).prepare([ClaimRef("ns", "uid-1", "c1")])
+    out = make_driver(tmp_path, api, (str(etc), str(tmp_path / "cdi"))).prepare([ClaimRef("ns", "uid-1", "c1")])
     assert out["uid-1"][0].cdi_device_ids == ("gpushare.io/gpu=uid-1-gpu-1", "nvidia.com/gpu=GPU-bbbb")
 
 
@@ -113,4 +97,4 @@ def test_an_unreadable_checkpoint_stops_the_start_with_a_clear_error(tmp_path: P
     (tmp_path / "plugin").mkdir()
     (tmp_path / "plugin" / CHECKPOINT_NAME).write_text("{")
     with pytest.raises(RuntimeError, match=r"unreadable .* move it away"):
-        make(tmp_path, api)
+        make_driver(tmp_path, api)

@@ -7,15 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from share_core.contract import MemoryUnit
-from share_dra.driver import CHECKPOINT_NAME, Checkpoint, ClaimRef, Driver
-from share_node.backend import Gpu
+from share_dra.driver import ClaimRef, Driver
 from share_node.backend.simlimits import SimMemoryLimits
 from share_node.hardlimit import Facts, GpuFacts, HardLimiter, decide_support
 from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
+from tests.unit.dra.node import GIB, GPUS, make_driver
 
-GIB = 1024**3
-GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * GIB, 0), Gpu(1, "GPU-bbbb", "Tesla V100", 32 * GIB, 1)]
 POD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
 
@@ -34,17 +31,7 @@ def setup(tmp_path: Path) -> tuple[Driver, SimMemoryLimits, Path, FakeDraApi]:
     nvml = SimMemoryLimits(str(tmp_path / "limits.json"), euid=lambda: 0, fstype=lambda _p: "cgroup2")
     facts = Facts("auto", True, "615.1", str(root), True, tuple(GpuFacts(g.uuid, False) for g in GPUS))
     limiter = HardLimiter(nvml, decide_support(facts, None), str(root), "n1", clear_when_empty=False)
-    driver = Driver(
-        "n1",
-        lambda: GPUS,
-        api,
-        str(tmp_path / "cdi"),
-        Checkpoint(tmp_path / "plugin" / CHECKPOINT_NAME),
-        MemoryUnit.GiB,
-        (str(tmp_path / "cdi"),),
-        "uuid",
-        limiter,
-    )
+    driver = make_driver(tmp_path, api, limiter=limiter)
     return driver, nvml, cgroup, api
 
 
@@ -63,17 +50,7 @@ def test_dra_hard_limit_prepare_limits_the_pod_to_its_claims(tmp_path: Path) -> 
 def test_dra_hard_limit_restart_keeps_the_limit_from_the_checkpoint(tmp_path: Path) -> None:
     driver, nvml, cgroup, api = setup(tmp_path)
     driver.prepare([ClaimRef("ns", "uid-1", "c1")])
-    restarted = Driver(
-        "n1",
-        lambda: GPUS,
-        api,
-        str(tmp_path / "cdi"),
-        Checkpoint(tmp_path / "plugin" / CHECKPOINT_NAME),
-        MemoryUnit.GiB,
-        (str(tmp_path / "cdi"),),
-        "uuid",
-        driver.limiter,
-    )
+    restarted = make_driver(tmp_path, api, limiter=driver.limiter)
     assert restarted.pod_limits() == {POD: ("ns/p", {"GPU-bbbb": 8 * GIB})}
     assert driver.limiter is not None
     fresh = HardLimiter(nvml, driver.limiter.support, str(driver.limiter.root), "n1")  # the new process's

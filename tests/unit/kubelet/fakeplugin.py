@@ -15,17 +15,10 @@ import grpc
 from share_core.contract import DEVICE_PLUGIN_API_VERSION
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import deviceplugin_v1beta1_pb2_grpc as pbgrpc
+from share_plugin.server import file_id
 
 RESOURCE = "example.com/widget"
 FIXED_ENV = {"FAKE_PLUGIN": "fixed"}
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
 
 
 class FakePlugin(pbgrpc.DevicePluginServicer):
@@ -110,9 +103,9 @@ class FakePlugin(pbgrpc.DevicePluginServicer):
             os.unlink(self.socket)
 
     def _watch(self) -> None:
-        registered_with = _identity(self.kubelet_socket)
+        registered_with = file_id(self.kubelet_socket)
         while not self._stop.wait(0.02):
-            kubelet = _identity(self.kubelet_socket)
+            kubelet = file_id(self.kubelet_socket)
             mine = os.path.exists(self.socket)
             if kubelet is None or (mine and kubelet == registered_with):
                 continue

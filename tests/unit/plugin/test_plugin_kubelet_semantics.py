@@ -127,6 +127,23 @@ def _run_batch(node: SimNode) -> None:
     node.kubelet.run_with_kube(node.kube, NODE, order=lambda b: sorted(b, key=lambda p: p["metadata"]["name"]))
 
 
+def _run_batch_first_fails(node: SimNode, first: str, reason: str) -> None:
+    """Run the batch: `first` ends Failed for `reason`; b-first and c-second, 4 GiB each, run with their GPU."""
+    _run_batch(node)
+    node.kubelet.wait_for(
+        lambda: (
+            _phase(node, first) == "Failed"
+            and _phase(node, "b-first") == "Running"
+            and _phase(node, "c-second") == "Running"
+        ),
+        20,
+        f"{first} Failed, both later pods running",
+    )
+    assert node.kube.pods[("default", first)]["status"]["reason"] == reason
+    assert_served(node, "b-first", {"m": 4})
+    assert_served(node, "c-second", {"m": 4})
+
+
 @LIST_SEMANTICS
 def test_pod_refused_at_admission_then_pods_of_the_same_size(list_all_pods: bool):
     """Another scheduler's pod is refused by our Allocate (kubelet rejects it: UnexpectedAdmissionError);
@@ -139,19 +156,7 @@ def test_pod_refused_at_admission_then_pods_of_the_same_size(list_all_pods: bool
         node.kube.add_pod(stranger)
         node.add(make_pod("b-first", [("m", 4)]), [1], 4, 11)
         node.add(make_pod("c-second", [("m", 4)]), [2], 4, 12)
-        _run_batch(node)
-        node.kubelet.wait_for(
-            lambda: (
-                _phase(node, "a-stranger") == "Failed"
-                and _phase(node, "b-first") == "Running"
-                and _phase(node, "c-second") == "Running"
-            ),
-            20,
-            "the stranger refused, both later pods running",
-        )
-        assert node.kube.pods[("default", "a-stranger")]["status"]["reason"] == "UnexpectedAdmissionError"
-        assert_served(node, "b-first", {"m": 4})
-        assert_served(node, "c-second", {"m": 4})
+        _run_batch_first_fails(node, "a-stranger", "UnexpectedAdmissionError")
     finally:
         stop_node(node)
 
@@ -165,19 +170,7 @@ def test_pod_rejected_after_allocate_then_pods_of_the_same_size_while_its_status
         node.add(make_pod("a-rejected", [("m", 4)]), [0], 4, 10)
         node.add(make_pod("b-first", [("m", 4)]), [0], 4, 11)
         node.add(make_pod("c-second", [("m", 4)]), [1], 4, 12)
-        _run_batch(node)
-        node.kubelet.wait_for(
-            lambda: (
-                _phase(node, "a-rejected") == "Failed"
-                and _phase(node, "b-first") == "Running"
-                and _phase(node, "c-second") == "Running"
-            ),
-            20,
-            "the rejected pod Failed, both later pods running",
-        )
-        assert node.kube.pods[("default", "a-rejected")]["status"]["reason"] == "OutOfcpu"
-        assert_served(node, "b-first", {"m": 4})
-        assert_served(node, "c-second", {"m": 4})
+        _run_batch_first_fails(node, "a-rejected", "OutOfcpu")
     finally:
         stop_node(node)
 

@@ -196,7 +196,7 @@ def test_finished_and_garbage_pods():
 def test_env_per_container():
     p = pod("p", [("m", 5)], 1, 1)
     m = match_allocation(NODE, ids(5), [p], GPUS, MemoryUnit.GiB, {("default", "p"): {"m": frozenset()}})
-    env = container_env(m, MemoryUnit.GiB, "index", mps=True)
+    env = container_env(m, MemoryUnit.GiB, device_id_strategy="index", mps=True)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "1" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M"
     assert env["GPUSHARE_MEM_TOTAL_MIB"] == "16384" and env["ALIYUN_COM_GPU_MEM_DEV"] == "16"
 

@@ -11,7 +11,17 @@ import pytest
 
 from share_core.accounting import node_usage
 from share_core.assignment import pod_node
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, ANN_NODE_GPUS, EXTENDER_PREFIX, RESOURCE_MEM
+from share_core.contract import (
+    ANN_ASSIGNED,
+    ANN_GPU_COUNT,
+    ANN_GPU_INDEX,
+    ANN_GPU_MEM,
+    ANN_GPU_MODEL,
+    ANN_GPU_UUID,
+    ANN_NODE_GPUS,
+    EXTENDER_PREFIX,
+    RESOURCE_MEM,
+)
 from share_core.fake import FakeKube
 from share_core.gpus import node_gpus
 from share_core.retry import Backoff
@@ -105,6 +115,12 @@ def wait_until(pred: Callable[[], bool], timeout: float = 30.0, what: str = "con
 
 def fast_backoff() -> Backoff:
     return Backoff(initial=0.01, maximum=0.05)
+
+
+def assigned_pod(name: str, node: str, gpu: int, mem: int) -> dict[str, Any]:
+    """A pod bound to `node` with `mem` units on its GPU `gpu` (UUID GPU-<node>-<gpu>), its Allocate served."""
+    ann = {ANN_GPU_INDEX: str(gpu), ANN_GPU_UUID: f"GPU-{node}-{gpu}", ANN_GPU_MEM: str(mem), ANN_ASSIGNED: "true"}
+    return make_pod(name, mem, node=node, annotations=ann)
 
 
 def filter_args(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:

@@ -35,6 +35,13 @@ def over_committed(kube: FakeKube) -> list[str]:
     ]
 
 
+def one_pod(kube, extender_factory):
+    """node-a with one 16 GiB GPU, pod p asking 4 GiB of it, and an extender ready to place it."""
+    kube.add_node(make_node("node-a", [16]))
+    pod = kube.add_pod(make_pod("p", 4))
+    return pod, extender_factory().wait_ready()
+
+
 def test_200_concurrent_binds_on_one_node(kube, extender_factory):
     kube.add_node(make_node("node-a", [16, 16]))
     rng = random.Random(5)
@@ -106,9 +113,7 @@ def test_restart_mid_burst(kube, extender_factory):
 
 
 def test_bind_is_one_api_call_after_filter(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     filtered = ext.call("filter", filter_args(pod, ["node-a"]))
     assert filtered["NodeNames"] == ["node-a"]
     before = dict(kube.calls)
@@ -134,9 +139,7 @@ def test_bind_events_failures_only_by_default(kube, extender_factory):
 
 
 def test_bind_reads_the_pod_when_filter_did_not_see_it(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()  # e.g. restarted between kube-scheduler's filter and bind
+    pod, ext = one_pod(kube, extender_factory)  # e.g. restarted between kube-scheduler's filter and bind
     assert ext.call("bind", bind_args(pod, "node-a")) == {"Error": ""}
     assert kube.calls["get_pod"] == 1 and kube.calls["bind_pod"] == 1
     metrics = ext.client.get("/metrics").get_data(as_text=True)
@@ -145,9 +148,7 @@ def test_bind_reads_the_pod_when_filter_did_not_see_it(kube, extender_factory):
 
 
 def test_a_concurrent_writer_does_not_disturb_bind(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     ext.call("filter", filter_args(pod, ["node-a"]))
     kube.update_pod("default", "p", lambda p: p["metadata"].setdefault("labels", {}).update(x="y"))
     assert ext.call("bind", bind_args(pod, "node-a")) == {"Error": ""}  # UID precondition only
@@ -156,9 +157,7 @@ def test_a_concurrent_writer_does_not_disturb_bind(kube, extender_factory):
 
 
 def test_recreated_pod_is_refused_by_the_uid_precondition(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     ext.call("filter", filter_args(pod, ["node-a"]))
     kube.delete_pod("default", "p")
     twin = make_pod("p", 4)
@@ -172,9 +171,7 @@ def test_recreated_pod_is_refused_by_the_uid_precondition(kube, extender_factory
 
 
 def test_binding_already_bound_by_our_lost_answer_is_success(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     assert schedule(ext, pod, "node-a") == {"Error": ""}
     # kube-scheduler timed out on that answer and binds again: 409 "already assigned", ours.
     assert schedule(ext, pod, "node-a") == {"Error": ""}
@@ -199,9 +196,7 @@ def test_binding_refused_because_bound_elsewhere(kube, extender_factory):
 
 
 def test_binding_failure_leaves_nothing_and_frees_the_reservation(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     kube.fail("bind_pod", KubeError("HTTP 403: forbidden", 403))
     body = schedule(ext, pod, "node-a")
     assert "could not bind pod default/p to node node-a" in body["Error"]
@@ -217,9 +212,7 @@ def test_binding_failure_leaves_nothing_and_frees_the_reservation(kube, extender
 
 
 def test_binding_500_but_pod_not_bound_frees_the_reservation(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     kube.fail("bind_pod", Unavailable("HTTP 500", 500))
     body = schedule(ext, pod, "node-a")
     assert "HTTP 500" in body["Error"]
@@ -328,9 +321,7 @@ def test_binding_timeout_but_bound_is_success(extender_factory):
 
 
 def test_binding_timeout_unknown_outcome_keeps_assumption(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16]))
-    pod = kube.add_pod(make_pod("p", 4))
-    ext = extender_factory().wait_ready()
+    pod, ext = one_pod(kube, extender_factory)
     ext.call("filter", filter_args(pod, ["node-a"]))
     kube.fail("bind_pod", Unavailable("timed out"))
     kube.fail("get_pod", Unavailable("timed out"))

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID, RESOURCE_MEM
-from tests.unit.scheduler.conftest import PREFIX, bind_args, filter_args, make_node, make_pod
+from tests.unit.scheduler.conftest import PREFIX, assigned_pod, bind_args, filter_args, make_node, make_pod
 
 # What kube-scheduler's HTTPExtender marshals for filter with nodeCacheCapable: a full v1.Pod under
 # the Go field name "Pod", "Nodes": null, "NodeNames": [...].
@@ -32,14 +32,7 @@ def cluster(kube, extender_factory):
     kube.add_node(make_node("node-b", [(16, True), (16, False)]))
     kube.add_node(make_node("node-c", [4, 4]))
     kube.add_node(make_node("node-d", [32], model="Tesla T4"))
-    kube.add_pod(
-        make_pod(
-            "holder",
-            10,
-            node="node-b",
-            annotations={ANN_GPU_INDEX: "0", ANN_GPU_UUID: "GPU-node-b-0", ANN_GPU_MEM: "10", ANN_ASSIGNED: "true"},
-        )
-    )
+    kube.add_pod(assigned_pod("holder", "node-b", 0, 10))
     return extender_factory().wait_ready()
 
 
@@ -202,14 +195,7 @@ def test_malformed_bind(cluster, body):
 def test_prioritize_exact(cluster):
     kube = cluster.kube
     kube.add_node(make_node("node-e", [16, 16]))
-    kube.add_pod(
-        make_pod(
-            "e-holder",
-            12,
-            node="node-e",
-            annotations={ANN_GPU_INDEX: "1", ANN_GPU_UUID: "GPU-node-e-1", ANN_GPU_MEM: "12", ANN_ASSIGNED: "true"},
-        )
-    )
+    kube.add_pod(assigned_pod("e-holder", "node-e", 1, 12))
     cluster.settle()
     pod = make_pod("p", 4)
     body = {"Pod": pod, "Nodes": None, "NodeNames": ["node-a", "node-b", "node-c", "node-e", "ghost"]}

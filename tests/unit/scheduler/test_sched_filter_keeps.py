@@ -8,13 +8,8 @@ import random
 
 import pytest
 
-from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
-from tests.unit.scheduler.conftest import bind_args, filter_args, make_node, make_pod, wait_until
-
-
-def _holder(name: str, node: str, gpu: int, mem: int) -> dict:
-    ann = {ANN_GPU_INDEX: str(gpu), ANN_GPU_UUID: f"GPU-{node}-{gpu}", ANN_GPU_MEM: str(mem), ANN_ASSIGNED: "true"}
-    return make_pod(name, mem, node=node, annotations=ann)
+from share_core.contract import ANN_GPU_INDEX
+from tests.unit.scheduler.conftest import assigned_pod, bind_args, filter_args, make_node, make_pod, wait_until
 
 
 @pytest.fixture
@@ -23,7 +18,7 @@ def cluster(kube):
     kube.add_node(make_node("empty-2", [16, 16]))
     kube.add_node(make_node("tight", [16, 16]))
     kube.add_node(make_node("small", [4]))
-    kube.add_pod(_holder("h1", "tight", 0, 12))  # 4 GiB left on tight/0: binpack's first choice
+    kube.add_pod(assigned_pod("h1", "tight", 0, 12))  # 4 GiB left on tight/0: binpack's first choice
     return kube
 
 
@@ -123,7 +118,7 @@ def test_best_equals_prioritize_top_on_random_clusters(kube, extender_factory, p
         for g, size in enumerate(sizes):
             used = rng.randint(0, size)
             if used:
-                kube.add_pod(_holder(f"h-{name}-{g}", name, g, used))
+                kube.add_pod(assigned_pod(f"h-{name}-{g}", name, g, used))
     ext = extender_factory(policy=policy).wait_ready()
     for i in range(40):
         mem, count = rng.choice([1, 2, 4, 8, 12, 20]), rng.choice([1, 1, 1, 2])

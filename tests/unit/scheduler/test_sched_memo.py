@@ -6,18 +6,16 @@ import random
 
 import pytest
 
-from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID
 from share_core.gpus import GpuInfo
 from share_placement import Demand, make_policy
 from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import ScoreMemo, filter_nodes, prioritize
 from share_scheduler.nodes import Contribution
-from tests.unit.scheduler.conftest import filter_args, make_node, make_pod
+from tests.unit.scheduler.conftest import assigned_pod, filter_args, make_node, make_pod
 
 
 def holder(name: str, node: str, gpu: int, mem: int) -> dict:
-    ann = {ANN_GPU_INDEX: str(gpu), ANN_GPU_UUID: f"GPU-{node}-{gpu}", ANN_GPU_MEM: str(mem), ANN_ASSIGNED: "true"}
-    pod = make_pod(name, mem, node=node, annotations=ann)
+    pod = assigned_pod(name, node, gpu, mem)
     pod["status"]["phase"] = "Running"
     return pod
 
