@@ -171,6 +171,7 @@ def run_dra_scenario(
 
 
 def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient, workdir: Path) -> None:
+    admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
     names = [f"node-{i:05d}" for i in range(args.nodes)]
     t = time.monotonic()
     create_bare_nodes(admin, names, args.gpus, args.gpu_mem)
@@ -301,7 +302,7 @@ def wait_gone(admin: ApiServerClient, path: str, timeout: float = 120.0) -> None
         time.sleep(0.5)
 
 
-def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient) -> None:
+def fragmentation(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClient, workdir: Path) -> None:
     full = load_openb(str(OPENB / "openb_node_list_gpu_node.csv"), str(OPENB / "openb_pod_list_default.csv"))
     policies = [p for p in args.policies.split(",") if p]
     dra_label = f"dra (kube-scheduler, {args.scoring})"
@@ -507,25 +508,18 @@ def main() -> int:
     args = ap.parse_args()
     if args.nodes is None:
         args.nodes = {"throughput": 1000, "frag": 40, "placement": 100}[args.what]
-    with tempfile.TemporaryDirectory(prefix="gpushare-bench-dra-") as tmp:
-        workdir = Path(tmp)
-        cp = ControlPlane(workdir / "cp", k8s_bin_dir())
-        cp.start()
+    runs = {"throughput": throughput, "placement": placement, "frag": fragmentation}
+    with (
+        tempfile.TemporaryDirectory(prefix="gpushare-bench-dra-") as tmp,
+        ControlPlane(Path(tmp) / "cp", k8s_bin_dir()) as cp,
+    ):
+        admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
         try:
-            admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-bench")
             admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
-            if args.what == "throughput":
-                admin.request("POST", f"{RESOURCE_API}/deviceclasses", body=device_class())
-                throughput(args, cp, admin, workdir)
-            elif args.what == "placement":
-                placement(args, cp, admin, workdir)
-            else:
-                fragmentation(args, cp, admin)
+            runs[args.what](args, cp, admin, Path(tmp))
         except (KubeError, TimeoutError) as exc:
             print(f"bench failed: {exc}\n{cp.logs()}", file=sys.stderr)
             return 1
-        finally:
-            cp.stop()
     return 0
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from share_core.assignment import Assignment
 from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM, MemoryUnit
 from share_core.gpus import GpuInfo, format_node_gpus
-from share_dra.slices import resource_slice
+from share_dra.slices import resource_slice, slice_spec
 from share_inspect.dra import dra_state
 from share_inspect.render import render_details, render_json, render_summary, render_yaml
 from share_inspect.report import build_report
@@ -98,7 +98,7 @@ def dra_cluster(n_nodes: int, n_pods: int, seed: int = 1) -> tuple[bytes, bytes,
         nodes.append(
             {"metadata": {"name": name}, "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}}
         )
-        slices.append(resource_slice(name, gpus, MemoryUnit.GiB, 1))
+        slices.append(resource_slice(slice_spec(name, gpus, MemoryUnit.GiB, 1)))
         free.append([mem] * GPUS_PER_NODE)
     pods, claims = [], []
     for j in range(n_pods):

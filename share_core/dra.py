@@ -50,6 +50,7 @@ class ClaimResult:
     pool: str
     device: str
     mib: int | None
+    share_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +153,8 @@ def claim_results(claim: Obj) -> tuple[list[ClaimResult], list[str]]:
         except InvalidRequest as exc:
             problems.append(str(exc))
             continue
-        out.append(ClaimResult(str(r.get("request", "")), str(r.get("pool", "")), str(r.get("device", "")), mib))
+        where = (str(r.get("request", "")), str(r.get("pool", "")), str(r.get("device", "")))
+        out.append(ClaimResult(*where, mib, r.get("shareID")))
     return out, problems
 
 

@@ -21,13 +21,13 @@ from share_core.contract import (
     CDI_NVIDIA_GPU_KIND,
     DEVICE_LIST_CDI_CRI,
     DEVICE_LIST_ENVVAR,
-    DRA_CAPACITY_MEMORY,
     DRA_CDI_KIND,
     DRA_DRIVER_NAME,
     MemoryUnit,
     dra_cdi_device,
     dra_device_name,
 )
+from share_core.dra import claim_allocated, claim_results
 from share_node.backend import Gpu
 from share_node.env import gpu_env
 
@@ -98,20 +98,16 @@ def allocated_devices(claim: Mapping[str, Any], node: str) -> list[AllocatedDevi
     """Our driver's devices in this node's pool from a claim's allocation; raises when it has none."""
     meta = claim.get("metadata") or {}
     what = f"ResourceClaim {meta.get('namespace')}/{meta.get('name')}"
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
+    if not claim_allocated(claim):
         raise ClaimError(f"{what} is not allocated (status.allocation is empty): the scheduler has not placed it")
+    results, problems = claim_results(claim)
+    if problems:
+        raise ClaimError(f"{what}: {'; '.join(problems)}")
     out = []
-    for r in (allocation.get("devices") or {}).get("results") or []:
-        if r.get("driver") != DRA_DRIVER_NAME:
-            continue
-        if r.get("pool") != node:
-            raise ClaimError(
-                f"{what}: device {r.get('device')} is allocated from pool {r.get('pool')!r}, not this node's ({node!r})"
-            )
-        consumed = (r.get("consumedCapacity") or {}).get(DRA_CAPACITY_MEMORY)
-        mib = None if consumed is None else -(-quantity_bytes(consumed) // (1024 * 1024))
-        out.append(AllocatedDevice(r.get("request", ""), r["pool"], r["device"], mib, r.get("shareID")))
+    for r in results:
+        if r.pool != node:
+            raise ClaimError(f"{what}: device {r.device} is allocated from pool {r.pool!r}, not this node's ({node!r})")
+        out.append(AllocatedDevice(r.request, r.pool, r.device, r.mib, r.share_id))
     if not out:
         raise ClaimError(f"{what} has no device of driver {DRA_DRIVER_NAME} allocated")
     return out

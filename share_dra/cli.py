@@ -10,11 +10,10 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 
-from share_core.config import add_config_arg, parse_args
+from share_core.config import add_config_arg, parse_args, start_logging
 from share_core.contract import (
     DEFAULT_CDI_DIR,
     DEFAULT_CDI_SPEC_DIRS,
@@ -27,7 +26,7 @@ from share_core.contract import (
     HARD_LIMIT_MODES,
     MemoryUnit,
 )
-from share_node.backend.options import add_backend_args, open_backend
+from share_node.backend.options import add_agent_args, add_backend_args, open_backend
 from share_placement import POLICIES
 
 log = logging.getLogger("share_dra")
@@ -37,8 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="share-dra", description=f"DRA kubelet plugin for driver {DRA_DRIVER_NAME}")
     add_config_arg(p)
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
+    add_agent_args(p)
     p.add_argument(
         "--plugins-registry-dir",
         default=env("GPUSHARE_PLUGINS_REGISTRY_DIR", DEFAULT_PLUGINS_REGISTRY_DIR),
@@ -96,9 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    start_logging(args.log_level)
     if not args.node_name:
         log.error("--node-name (or env NODE_NAME) is required: the slice is published for that node")
         return 2

@@ -70,13 +70,15 @@ class SlicePublisher:
                     pass
         order = tuple(self.order(gpus)) if self.order is not None else ()
         if current is None:
-            obj = slices.resource_slice(self.node, gpus, self.unit, 1, self.driver_version, self.unhealthy, order)
+            obj = slices.resource_slice(
+                slices.slice_spec(self.node, gpus, self.unit, 1, self.driver_version, self.unhealthy, order)
+            )
             self._check_served(self.api.create_slice(obj), obj)
             self._report("published", obj, gpus)
             return True
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
         wanted = slices.resource_slice(
-            self.node, gpus, self.unit, generation, self.driver_version, self.unhealthy, order
+            slices.slice_spec(self.node, gpus, self.unit, generation, self.driver_version, self.unhealthy, order)
         )
         if slices.same_devices(current["spec"], wanted["spec"]):
             return False

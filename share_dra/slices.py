@@ -123,21 +123,13 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRA_DRIVER_NAME}"
 
 
-def resource_slice(
-    node: str,
-    gpus: Sequence[Gpu],
-    unit: MemoryUnit,
-    generation: int,
-    driver_version: str = "",
-    unhealthy: str = DRA_UNHEALTHY_WITHDRAW,
-    order: Sequence[int] = (),
-) -> Obj:
-    """The whole ResourceSlice object to create."""
+def resource_slice(spec: Obj) -> Obj:
+    """The whole ResourceSlice object to create for a `slice_spec`."""
     return {
         "apiVersion": RESOURCE_API,
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node)},
-        "spec": slice_spec(node, gpus, unit, generation, driver_version, unhealthy, order),
+        "metadata": {"name": slice_name(spec["nodeName"])},
+        "spec": spec,
     }
 
 

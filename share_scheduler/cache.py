@@ -400,14 +400,9 @@ class ClusterCache:
         filter until their allocation shows (it then counts as itself) or `hold_ttl` passes."""
         key = f"{CLAIM_HOLD}{pod}"
         with self._lock:
-            self._expire()
-            now = self._timer()
-            self._assumed[key] = Assumed(uid, contribution, now, held=True)
-            self._hold_deadlines[key] = now + self.hold_ttl
-            self._hold_deadlines.move_to_end(key)
             for claim in claims:
                 self._claim_holds.setdefault(claim, set()).add(key)
-            self._refresh(key)
+            self._hold_locked(key, uid, contribution)
 
     def _release_claim_holds(self, claim: str) -> None:
         for key in self._claim_holds.pop(claim, ()):
@@ -533,12 +528,15 @@ class ClusterCache:
         The next pod's filter then sees them taken, as kube-scheduler's own cache already does; the
         hold lapses after `hold_ttl` unless bind turns it into an assumption (`assume`)."""
         with self._lock:
-            self._expire()
-            now = self._timer()
-            self._assumed[key] = Assumed(uid, contribution, now, held=True)
-            self._hold_deadlines[key] = now + self.hold_ttl
-            self._hold_deadlines.move_to_end(key)
-            self._refresh(key)
+            self._hold_locked(key, uid, contribution)
+
+    def _hold_locked(self, key: str, uid: str, contribution: Contribution) -> None:
+        self._expire()
+        now = self._timer()
+        self._assumed[key] = Assumed(uid, contribution, now, held=True)
+        self._hold_deadlines[key] = now + self.hold_ttl
+        self._hold_deadlines.move_to_end(key)
+        self._refresh(key)
 
     def assumption(self, key: str) -> Assumed | None:
         """What the cache counts for a pod not (yet) shown bound: a hold or an assumption."""

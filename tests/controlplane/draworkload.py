@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from share_core.contract import DRA_ATTR_MODEL, DRA_CAPACITY_MEMORY, DRA_DEVICE_CLASS, DRA_DRIVER_NAME, MemoryUnit
-from share_dra.slices import resource_slice
+from share_dra.slices import resource_slice, slice_spec
 from share_node.backend import Gpu
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
@@ -33,7 +33,7 @@ def gpu_slice(node: str, gpus: Sequence[tuple[str, int]]) -> dict[str, Any]:
         Gpu(index=i, uuid=f"GPU-{node}-{i}", model=model, memory_bytes=gib << 30, minor=i)
         for i, (model, gib) in enumerate(gpus)
     ]
-    return resource_slice(node, inventory, MemoryUnit.GiB, generation=1)
+    return resource_slice(slice_spec(node, inventory, MemoryUnit.GiB, generation=1))
 
 
 def memory_claim(namespace: str, name: str, per_gpu: int, count: int = 1, models: Sequence[str] = ()) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from share_core.contract import (
     dra_device_name,
 )
 from share_dra.claims import AllocatedDevice, prepare
-from share_dra.slices import resource_slice
+from share_dra.slices import slice_spec
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
 from tests.gpu.conftest import NODE, SAMPLES, run_python
@@ -32,7 +32,7 @@ def test_slice_lists_the_gpu_as_nvml_reports_it(nvml: NvmlBackend, gpu: Gpu) -> 
         .stdout.splitlines()[0]
         .strip()
     )
-    spec = resource_slice(NODE, nvml.gpus(), MemoryUnit.GiB, 1, nvml.driver_version)["spec"]
+    spec = slice_spec(NODE, nvml.gpus(), MemoryUnit.GiB, 1, nvml.driver_version)
     entry = next(d for d in spec["devices"] if d["name"] == dra_device_name(gpu.index))
     print("\nslice entry:", entry)
     assert spec["driver"] == DRA_DRIVER_NAME and nvml.driver_version == driver

@@ -27,7 +27,7 @@ from share_core.contract import DRA_DRIVER_NAME as DRIVER
 from share_core.contract import MemoryUnit
 from share_core.dra_convert import convert_all
 from share_core.kube import ApiServerClient, KubeError
-from share_dra.slices import resource_slice
+from share_dra.slices import resource_slice, slice_spec
 from share_inspect.cli import main as inspect_main
 from share_node.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
@@ -291,7 +291,7 @@ def test_every_sample_is_valid_for_the_api_server(cluster: ControlPlane, version
 
 def _gpu_slice(node: str, sim_gpus: str) -> Obj:
     """The node's slice exactly as share-dra publishes it (share_dra.slices over the sim backend's GPUs)."""
-    return resource_slice(node, SimBackend(sim_gpus, node).gpus(), MemoryUnit.GiB, 1)
+    return resource_slice(slice_spec(node, SimBackend(sim_gpus, node).gpus(), MemoryUnit.GiB, 1))
 
 
 def _bare_node(admin: ApiServerClient, name: str) -> None:

@@ -72,16 +72,16 @@ def test_no_driver_version_attribute_when_unknown_or_malformed() -> None:
 
 
 def test_same_devices_ignores_generation_and_server_additions() -> None:
-    a = slices.resource_slice("n", [gpu(0, 16)], MemoryUnit.GiB, 1)
-    b = slices.resource_slice("n", [gpu(0, 16)], MemoryUnit.GiB, 7)
+    a = slices.resource_slice(slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 1))
+    b = slices.resource_slice(slices.slice_spec("n", [gpu(0, 16)], MemoryUnit.GiB, 7))
     b["spec"]["devices"][0]["somethingTheServerAdds"] = True
     assert slices.same_devices(a["spec"], b["spec"])
-    c = slices.resource_slice("n", [gpu(0, 16, healthy=False)], MemoryUnit.GiB, 1)
+    c = slices.resource_slice(slices.slice_spec("n", [gpu(0, 16, healthy=False)], MemoryUnit.GiB, 1))
     assert not slices.same_devices(a["spec"], c["spec"])
 
 
 def test_names_are_stable_and_dns_safe() -> None:
-    obj = slices.resource_slice("node-a", [gpu(0, 16)], MemoryUnit.GiB, 1)
+    obj = slices.resource_slice(slices.slice_spec("node-a", [gpu(0, 16)], MemoryUnit.GiB, 1))
     assert obj["apiVersion"] == "resource.k8s.io/v1" and obj["kind"] == "ResourceSlice"
     assert obj["metadata"]["name"] == "node-a-gpushare.io"
 

@@ -310,12 +310,12 @@ def test_reads_the_slice_share_dra_publishes() -> None:
     import dataclasses
 
     from share_core.contract import DRA_UNHEALTHY_TAINT
-    from share_dra.slices import resource_slice
+    from share_dra.slices import resource_slice, slice_spec
     from share_node.backend.sim import SimBackend
 
     gpus = SimBackend("1xA100:80GiB,1xT4:16GiB", "n1").gpus()
     gpus[1] = dataclasses.replace(gpus[1], healthy=False)
-    published = resource_slice("n1", gpus, MemoryUnit.GiB, 7, unhealthy=DRA_UNHEALTHY_TAINT)
+    published = resource_slice(slice_spec("n1", gpus, MemoryUnit.GiB, 7, unhealthy=DRA_UNHEALTHY_TAINT))
     state = dra_state([published], [claim("ml", "c", [("n1", "gpu-1", "4Gi")], ("p",))])
     assert [(g.index, g.device, g.model, g.uuid, g.memory_mib, g.healthy) for g in state.gpus["n1"]] == [
         (0, "gpu-0", "NVIDIA A100-SXM4-80GB", gpus[0].uuid, 81920, True),
