@@ -128,12 +128,23 @@ def fullest_gpu(admin: ApiServerClient, gib: int) -> float:
 
 
 def run_dra_scenario(
-    cp: ControlPlane, admin: ApiServerClient, pods: int, seed: int, qps: int, gib: int, claims: str
+    cp: ControlPlane,
+    admin: ApiServerClient,
+    pods: int,
+    seed: int,
+    qps: int,
+    gib: int,
+    claims: str,
+    extender: tuple[ManagedProcess, str] | None = None,
 ) -> dict[str, Any]:
     """M pods (and, with `claims` direct, their M claims) created at once; kube-scheduler alone allocates
     and binds them. `claims` template: kube-controller-manager's resourceclaim controller makes each claim
-    from the pod's ResourceClaimTemplate, as in production (bounded by its own client QPS)."""
-    sched = cp.start_scheduler(scheduler_config(qps))
+    from the pod's ResourceClaimTemplate, as in production (bounded by its own client QPS). `extender`:
+    (its process, its URL) with --dra, called to filter by the gpushare-scheduler profile (mode dra)."""
+    if extender is not None:
+        sched = cp.start_scheduler(dra_extender_config(qps, extender[1]))
+    else:
+        sched = cp.start_scheduler(scheduler_config(qps))
     time.sleep(2.0)
     rng = random.Random(seed)
     sizes = [rng.choice(SIZES) for _ in range(pods)]
@@ -141,6 +152,8 @@ def run_dra_scenario(
     def create(i: int) -> str:
         name = f"d{i:06d}"
         pod = claim_pod(NAMESPACE, name, name)
+        if extender is not None:
+            pod["spec"]["schedulerName"] = "gpushare-scheduler"
         if claims == "direct":
             admin.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims",
                           body=memory_claim(NAMESPACE, name, sizes[i]))  # fmt: skip
@@ -150,7 +163,7 @@ def run_dra_scenario(
         return name
 
     try:
-        burst = measure_burst(cp, admin, sched.pid, pods, create)
+        burst = measure_burst(cp, admin, sched.pid, pods, create, extender[0].pid if extender else None)
     except TimeoutError as exc:
         raise TimeoutError(f"dra: {exc}") from exc
     fullest = fullest_gpu(admin, gib)
@@ -162,7 +175,7 @@ def run_dra_scenario(
     wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
     print(f"# dra: fullest GPU {fullest:.3f} of its memory", file=sys.stderr)
     return {
-        "label": f"dra (kube-scheduler, {claims})",
+        "label": f"dra (kube-scheduler{' + extender --dra binpack' if extender else ''}, {claims})",
         "qps": qps,
         **burst,
         "extender_ms": {},
@@ -189,10 +202,21 @@ def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClien
         print(fmt_row(results[-1], base), flush=True)
         results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims))
         print(fmt_row(results[-1], base), flush=True)
-    ext = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("extender"))
-    dra = statistics.median(r["pods_per_s"] for r in results if r["label"].startswith("dra"))
+        extender = start_dra_extender(cp, workdir, "binpack")
+        try:
+            results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims,
+                                            extender))  # fmt: skip
+        finally:
+            extender[0].stop()
+        print(fmt_row(results[-1], base), flush=True)
+
+    def median(prefix: str) -> float:
+        return statistics.median(r["pods_per_s"] for r in results if r["label"].startswith(prefix))
+
+    ext, dra, dra_ext = median("extender"), median("dra (kube-scheduler,"), median("dra (kube-scheduler +")
     print(f"\n# {args.nodes} nodes, {args.pods} pods, QPS {args.qps}: median pods/s extender {ext:.1f}, "
-          f"dra {dra:.1f} (dra/extender x{dra / ext:.2f})")  # fmt: skip
+          f"dra {dra:.1f} (dra/extender x{dra / ext:.2f}), dra with the extender {dra_ext:.1f} "
+          f"(x{dra_ext / dra:.2f} of dra alone)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- fragmentation replay

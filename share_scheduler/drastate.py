@@ -31,14 +31,14 @@ def part_key(claim: str, pool: str, device: str) -> str:
 
 
 @dataclass(slots=True)
-class DraSlice:
+class SliceEntry:
     pool: str
     node: str
     gpus: list[DraGpu]
 
 
 @dataclass(slots=True)
-class DraClaim:
+class ClaimEntry:
     results: list[ClaimResult]
     ask: ClaimAsk | None
     parts: dict[str, Contribution] = field(default_factory=dict)
@@ -50,8 +50,8 @@ class DraIndex:
 
     def __init__(self, unit: MemoryUnit) -> None:
         self.unit = unit
-        self.slices: dict[str, DraSlice] = {}
-        self.claims: dict[str, DraClaim] = {}
+        self.slices: dict[str, SliceEntry] = {}
+        self.claims: dict[str, ClaimEntry] = {}
         self._by_pool: dict[str, set[str]] = {}  # pool -> claims with results in it
 
     # -- slices ----------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ class DraIndex:
                 log.warning("%s", text)
             if node:
                 pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or node)
-                self.slices[name] = DraSlice(pool, node, gpus)
+                self.slices[name] = SliceEntry(pool, node, gpus)
                 nodes.add(node)
                 pools.add(pool)
         claims = set().union(*(self._by_pool.get(p, set()) for p in pools)) if pools else set()
@@ -109,7 +109,7 @@ class DraIndex:
         for text in problems:
             log.warning("%s", text)
         ask = None if results else claim_ask(obj)
-        entry = DraClaim(results, ask)
+        entry = ClaimEntry(results, ask)
         self.claims[key] = entry
         for r in results:
             self._by_pool.setdefault(r.pool, set()).add(key)
