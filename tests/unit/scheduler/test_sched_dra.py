@@ -132,3 +132,34 @@ def test_a_claim_the_watch_has_not_brought_is_read_and_odd_shapes_left_to_kube_s
     assert (status, answer["NodeNames"]) == (200, ["n1", "n2"])  # every node kube-scheduler found room on
     status, answer = dra_extender.filter(orjson.dumps(filter_args(claim_pod("r", "missing"), ["n1", "n2"])))
     assert (status, answer["NodeNames"]) == (200, ["n1", "n2"])
+
+
+def test_odd_objects_are_counted_right_or_left_out_never_a_crash(caplog: pytest.LogCaptureFixture) -> None:
+    cache = ClusterCache(dra=True)
+    cache.replace_nodes([bare_node("n1")])
+    other = gpu_slice("n1", [("X", 40)])
+    other["metadata"]["name"] = "n1-example.com"
+    other["spec"]["driver"] = "example.com"
+    broken = gpu_slice("n2", [("T4", 16)])
+    broken["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    cache.replace_slices([gpu_slice("n1", [("T4", 16)]), other, broken])
+    assert cache.usage() == {"n1": {0: 0}}  # another driver's devices on our node are not ours
+    assert "lots" in caplog.text
+    garbage = allocated(memory_claim("default", "g", 4), "n1", "gpu-0", consumed="a lot")
+    shared = allocated(memory_claim("default", "shared", 4), "n1", "gpu-0")
+    shared["status"]["reservedFor"] = [
+        {"resource": "pods", "name": n, "uid": f"u-{n}"} for n in ("p1", "p2")
+    ]  # two pods, one claim: its memory counted once
+    foreign = allocated(memory_claim("default", "by-someone-else", 2), "n1", "gpu-0", "2Gi")
+    cache.replace_claims([garbage, shared, foreign, {"metadata": {"name": "no-spec"}}])
+    assert cache.usage() == {"n1": {0: 6}}
+    assert "a lot" in caplog.text
+
+
+def test_a_pod_sharing_an_allocated_claim_asks_nothing_more(dra_extender: Extender) -> None:
+    kube: FakeKube = dra_extender.kube  # type: ignore[assignment]
+    kube.put_object(CLAIMS, allocated(memory_claim("default", "shared", 8), "n1", "gpu-0", "8Gi"))
+    wait_until(lambda: dra_extender.cache.claim("default", "shared")[1], what="the claim seen")
+    status, answer = dra_extender.filter(orjson.dumps(filter_args(claim_pod("second", "shared"), ["n1", "n2"])))
+    assert status == 200 and answer["Error"] == ""
+    assert dra_extender.cache.usage()["n1"] == {0: 8, 1: 0}  # nothing held for a claim already allocated
