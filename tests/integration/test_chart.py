@@ -228,16 +228,22 @@ def test_rbac_objects_really_created(cluster: ControlPlane, rbac_installed: list
     ]
 
 
-@pytest.mark.parametrize("values", [[], [ALL_OPTIONS]], ids=["default", "all-options"])
-def test_helm_install_dry_run_and_notes(cluster: ControlPlane, service_monitor_api: None, values: list[Any]) -> None:
-    """helm itself installs the chart against the API server (server dry run) and prints NOTES.txt."""
+@pytest.mark.parametrize(
+    ("values", "webhook"),
+    [([], True), (["--values", str(ALL_OPTIONS)], True), (["--set", "webhook.enabled=false"], False)],
+    ids=["default", "all-options", "no-webhook"],
+)
+def test_helm_install_dry_run_and_notes(
+    cluster: ControlPlane, service_monitor_api: None, values: list[str], webhook: bool
+) -> None:
+    """helm itself installs the chart against the API server (server dry run) and prints NOTES.txt: the pod
+    spec without schedulerName when the webhook gives it, with it otherwise."""
     args = ["install", "notes-check", str(CHART_DIR), "--namespace", NAMESPACE, "--dry-run=server"]
-    args += ["--kubeconfig", str(cluster.admin_kubeconfig)]
-    for f in values:
-        args += ["--values", str(f)]
+    args += ["--kubeconfig", str(cluster.admin_kubeconfig), *values]
     out = run_helm(*args).stdout
     notes = out.split("NOTES:", 1)[1]
     assert "kubectl label node <gpu-node> gpushare=true" in notes
-    assert "schedulerName: gpushare-scheduler" in notes and "nvidia.com/gpu-mem:" in notes
+    assert ("schedulerName: gpushare-scheduler" in notes) is not webhook and "nvidia.com/gpu-mem:" in notes
+    assert ("The admission webhook gives the pod its" in notes) is webhook
     assert "kubectl inspect gpushare" in notes
     assert "WARNING" not in notes, "the ServiceMonitor API is served here"
