@@ -824,7 +824,8 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
     if "ratios" in r:
         ratio_text += f" (rounds: {', '.join(map(str, r['ratios']))})"
     cpu = r["cpu_ms_per_pod"]
-    cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in ("etcd", "apiserver", "scheduler", "extender", "client") if k in cpu)
+    procs = ("etcd", "apiserver", "scheduler", "extender", "webhook", "client")
+    cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in procs if k in cpu)
     ext = " ".join(
         f"{verb}={v['mean']:.1f}/{v.get('p50', 0):.1f}/{v.get('p99', 0):.1f}"
         for verb, v in sorted(r["extender_ms"].items())
