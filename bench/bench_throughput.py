@@ -18,6 +18,7 @@ as runs before 2026-11-23 did); kube-scheduler with a client certificate, as kub
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --cpu-share 0.1335     # mixed: openb's share of CPU-only pods
+  python bench/bench_throughput.py --webhook              # also each policy with share-webhook on
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
   python bench/bench_throughput.py --pace 20 --pods 400 --policies binpack --qps 1000 --rounds 3 \
       --go-extender /work/goorig/bin/gpushare-sche-extender   # side by side with the Go original
@@ -32,6 +33,12 @@ its kube-scheduler calls it through a loopback TimingProxy, and ours runs once m
 proxy, so `bind@proxy`/`filter@proxy` are the same extender-side measure for both; p50/p99 remain
 create-to-bound as the watch sees it. With --ready it is ready once /version answers, and the time until
 its cache holds every running pod is printed too (it may serve before its pod informer has synced).
+
+--webhook adds a scenario per policy ("<policy> +webhook") in which the chart's admission webhook
+configurations are installed and share-webhook runs (its own process at INFO, as installed, called by
+kube-apiserver over TLS on 127.0.0.1: tests/controlplane/webhook.py, as tests/integration/test_webhook.py
+runs it); its pods name no scheduler, so every one is mutated and validated at creation. The
+configurations are removed after the scenario.
 
 One piece: one benchmark script, its scenarios sharing one control plane and one report.
 """
@@ -73,6 +80,7 @@ from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
 from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac  # noqa: E402
 from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE  # noqa: E402
+from tests.controlplane.webhook import Webhook  # noqa: E402
 
 NAMESPACE = "bench"
 EXTRA_EXTENDER_ARGS = [a for a in os.environ.get("BENCH_EXTENDER_ARGS", "").split() if a]
@@ -213,6 +221,7 @@ class Scenario:
     bind_events: str | None = None  # --bind-events, where the checkout has it
     binary: Path | None = None  # policy GO: the Go original's binary
     proxied: bool = False  # kube-scheduler calls the extender through a TimingProxy
+    webhook: bool = False  # share-webhook gives the pods their scheduler at admission (they name none)
 
     @property
     def scheduler_name(self) -> str:
@@ -528,6 +537,7 @@ def measure_burst(
     create: Callable[[int], str],
     extender_pid: int | None = None,
     pace: float = 0,
+    webhook_pid: int | None = None,
 ) -> dict[str, Any]:
     """Create `pods` pods (`create(i)` makes pod i and returns its name) all at once, or at `pace` pods/s,
     and wait until every one is bound: pods/s, create-to-bound latency, CPU per pod of each process and
@@ -540,6 +550,8 @@ def measure_burst(
     }
     if extender_pid is not None:
         procs["extender"] = lambda: cpu_seconds(extender_pid)
+    if webhook_pid is not None:
+        procs["webhook"] = lambda: cpu_seconds(webhook_pid)
     watch = BoundWatch(admin, pods)
     before = {k: f() for k, f in procs.items()}
     requests_before = apiserver_requests(admin)
@@ -617,6 +629,12 @@ def run_scenario(
     if sc.proxied:
         proxy = TimingProxy(url)
         sched_url = proxy.url
+    hook = None
+    if sc.webhook:
+        hook = Webhook(cp, workdir / f"webhook-{sc.qps}.log", log_level="INFO", node_refresh=30.0)
+        hook.install()
+        hook.start()
+        hook.wait_trusted()
     sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, sched_url + "/gpushare-scheduler")))
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
     rng = random.Random(seed)
@@ -630,6 +648,8 @@ def run_scenario(
         body = pod_body(name, sc.scheduler_name, sizes[i], resources=(sc.resource,))
         if cpu_share > 0:
             body["spec"]["containers"][0]["resources"]["requests"] = dict(HOST_REQUESTS)
+        if sc.webhook:
+            del body["spec"]["schedulerName"]  # the webhook gives it
         admin.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=body)
         return name
 
@@ -638,7 +658,8 @@ def run_scenario(
         profiler = threading.Thread(target=capture_pprof, args=(cp, sched.port, sc.label), daemon=True)
         profiler.start()
     try:
-        burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace)
+        hook_pid = hook.proc.pid if hook is not None and hook.proc is not None else None
+        burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace, hook_pid)
         if profiler is not None:
             profiler.join()
         metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
@@ -653,6 +674,9 @@ def run_scenario(
             proxy.stop()
         if extender is not None:
             stop_extender(sc, extender)
+        if hook is not None:
+            hook.stop()
+            hook.uninstall()
     delete_all_pods(admin)
     return {
         "label": sc.label,
@@ -800,7 +824,8 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
     if "ratios" in r:
         ratio_text += f" (rounds: {', '.join(map(str, r['ratios']))})"
     cpu = r["cpu_ms_per_pod"]
-    cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in ("etcd", "apiserver", "scheduler", "extender", "client") if k in cpu)
+    procs = ("etcd", "apiserver", "scheduler", "extender", "webhook", "client")
+    cpus = " ".join(f"{k}={cpu[k]:.1f}" for k in procs if k in cpu)
     ext = " ".join(
         f"{verb}={v['mean']:.1f}/{v.get('p50', 0):.1f}/{v.get('p99', 0):.1f}"
         for verb, v in sorted(r["extender_ms"].items())
@@ -826,6 +851,7 @@ def main() -> int:
     ap.add_argument("--filter-keeps", default="best", choices=["best", "fitting"])
     ap.add_argument("--bind-events", default="failures", help="extender --bind-events values to run (failures,all)")
     ap.add_argument("--baseline-src", type=Path, help="also run this checkout's extender (e.g. a git worktree)")
+    ap.add_argument("--webhook", action="store_true", help="also run each policy with share-webhook on")
     ap.add_argument("--ready", action="store_true", help="measure the extender's time to ready instead")
     ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
@@ -901,6 +927,9 @@ def main() -> int:
                         if go:  # the same proxy as the Go original's, for the same extender-side measure
                             scenarios.append(Scenario(f"{label} (proxied)", qps, policy, ROOT, args.filter_keeps,
                                                       events, proxied=True))  # fmt: skip
+                    if args.webhook:
+                        scenarios.append(Scenario(f"{policy} +webhook", qps, policy, ROOT, args.filter_keeps,
+                                                  "failures", webhook=True))  # fmt: skip
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
                 for binary in args.go_extender:

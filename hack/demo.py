@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from share_core.contract import ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES
     from share_inspect.cli import main as inspect_main
     from tests.controlplane import ControlPlane
-    from tests.controlplane.gpucluster import GpuCluster, load_yaml_docs
+    from tests.controlplane.gpucluster import GpuCluster, load_yaml_docs, with_scheduler
 
     bin_dir = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         cp.start_controller_manager(
             controllers=("deployment-controller", "replicaset-controller", "garbage-collector-controller")
         )
-        docs = [d for f in sorted((REPO / "samples").glob("*.yaml")) for d in load_yaml_docs(f)]
+        # samples/ leave schedulerName to the chart's admission webhook, which this demo does not run
+        docs = [with_scheduler(d) for f in sorted((REPO / "samples").glob("*.yaml")) for d in load_yaml_docs(f)]
         expected = sum(int(d["spec"].get("replicas", 1)) if d["kind"] != "Pod" else 1 for d in docs)
         say(f"Applying samples/: {len(docs)} objects ({', '.join(sorted({d['kind'] for d in docs}))}), {expected} pods")
         cp.kubectl(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from share_core.admission import ClusterGpus
 from share_core.gpus import node_gpus
@@ -40,28 +41,46 @@ class CertKeeper:
         self.on_bundle = on_bundle
         self.bundle: certs.Bundle | None = None
 
+    def owner(self) -> dict[str, Any] | None:
+        """An ownerReference to our MutatingWebhookConfiguration, when it exists: the garbage collector
+        deletes the Secret with it, so `helm uninstall` leaves no key behind though helm never made it."""
+        for kind, name in self.webhook_configs:
+            uid = self.api.config_uid(kind, name) if kind == "mutating" else None
+            if uid:
+                return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                        "name": name, "uid": uid}  # fmt: skip
+        return None
+
     def sync(self) -> certs.Bundle:
-        """One pass: the Secret's bundle (made or renewed if needed), served, and trusted by the configs."""
+        """One pass: the Secret's bundle (made or renewed if needed), owned by the mutating configuration,
+        served, and trusted by the configs."""
+        owner = self.owner()
         for _ in range(5):  # a lost race re-reads the winner's Secret
             obj = self.api.get_secret(self.namespace, self.secret)
             current = certs.from_secret_data((obj or {}).get("data"))
             wanted = certs.next_bundle(current, self.names)
-            if wanted is None and current is not None:
+            owners = list(((obj or {}).get("metadata") or {}).get("ownerReferences") or [])
+            owned = owner is None or any(o.get("uid") == owner["uid"] for o in owners)
+            if wanted is None and current is not None and owned:
                 bundle = current
                 break
-            assert wanted is not None
-            data = certs.to_secret_data(wanted)
+            bundle = wanted or current
+            assert bundle is not None
+            if owner is not None and not owned:  # a configuration made again has a new UID
+                owners = [o for o in owners if o.get("kind") != owner["kind"]] + [owner]
+            data = certs.to_secret_data(bundle)
             try:
                 if obj is None:
-                    self.api.create_secret(self.namespace, self.secret, data)
+                    self.api.create_secret(self.namespace, self.secret, data, owners)
                     log.info("created the serving certificate in Secret %s/%s", self.namespace, self.secret)
                 else:
-                    self.api.replace_secret(self.namespace, self.secret, data, obj["metadata"]["resourceVersion"])
-                    log.info("renewed the serving certificate in Secret %s/%s", self.namespace, self.secret)
+                    version = obj["metadata"]["resourceVersion"]
+                    self.api.replace_secret(self.namespace, self.secret, data, owners, version)
+                    what = "renewed the serving certificate" if wanted else "owned by its webhook configuration"
+                    log.info("Secret %s/%s: %s", self.namespace, self.secret, what)
             except Conflict:
                 log.info("Secret %s/%s was written by another replica; reading it again", self.namespace, self.secret)
                 continue
-            bundle = wanted
             break
         else:
             raise KubeError(f"Secret {self.namespace}/{self.secret} kept changing under us; will retry")

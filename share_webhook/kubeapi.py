@@ -18,12 +18,18 @@ class WebhookApi(Protocol):
         """The Secret, or None when it does not exist."""
         ...
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+    def create_secret(self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]]) -> None:
         """Raises Conflict when it exists already (another replica made it)."""
         ...
 
-    def replace_secret(self, namespace: str, name: str, data: dict[str, str], resource_version: str) -> None:
+    def replace_secret(
+        self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]], resource_version: str
+    ) -> None:
         """Raises Conflict when the Secret changed since `resource_version` was read."""
+        ...
+
+    def config_uid(self, kind: str, name: str) -> str | None:
+        """The webhook configuration's UID; None when it does not exist."""
         ...
 
     def set_ca_bundle(self, kind: str, name: str, ca_bundle: str) -> bool:
@@ -43,9 +49,8 @@ class ApiServerWebhookApi:
         except NotFound:
             return None
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": {"name": name}}
-        body["data"] = data
+    def create_secret(self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]]) -> None:
+        body = _secret(name, data, owners)
         try:
             self.client.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body=body)
         except KubeError as exc:
@@ -53,15 +58,19 @@ class ApiServerWebhookApi:
                 raise Conflict(str(exc), 409, "AlreadyExists") from exc
             raise
 
-    def replace_secret(self, namespace: str, name: str, data: dict[str, str], resource_version: str) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "kubernetes.io/tls",
-            "metadata": {"name": name, "resourceVersion": resource_version},
-            "data": data,
-        }
+    def replace_secret(
+        self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]], resource_version: str
+    ) -> None:
+        body = _secret(name, data, owners)
+        body["metadata"]["resourceVersion"] = resource_version
         self.client.request("PUT", f"/api/v1/namespaces/{namespace}/secrets/{name}", body=body)
+
+    def config_uid(self, kind: str, name: str) -> str | None:
+        try:
+            cfg = self.client.request("GET", f"{MUTATING if kind == 'mutating' else VALIDATING}/{name}")
+        except NotFound:
+            return None
+        return (cfg.get("metadata") or {}).get("uid")
 
     def set_ca_bundle(self, kind: str, name: str, ca_bundle: str) -> bool:
         base = MUTATING if kind == "mutating" else VALIDATING
@@ -86,3 +95,10 @@ class ApiServerWebhookApi:
 
     def gpu_nodes(self) -> list[dict[str, Any]]:
         return list(self.client.list_nodes(label_selector=NODE_LABEL_SELECTOR).items)
+
+
+def _secret(name: str, data: dict[str, str], owners: list[dict[str, Any]]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/component": "webhook"}}
+    if owners:
+        meta["ownerReferences"] = owners
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": meta, "data": data}

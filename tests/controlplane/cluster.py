@@ -252,8 +252,12 @@ class ControlPlane(StartStop):
         service_accounts: bool = False,
         feature_gates: Mapping[str, bool] | None = None,
         profiling: bool = False,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         self.workdir = Path(workdir).resolve()
+        # More kube-apiserver flags, e.g. --enable-aggregator-routing=true: a webhook behind a Service is
+        # then called on an endpoint's pod IP (no kube-proxy in these clusters routes a ClusterIP).
+        self.apiserver_args = list(apiserver_args)
         self.service_accounts = service_accounts
         self.profiling = profiling  # kube-apiserver's /debug/pprof (bench/ reads it; off in tests)
         # Gates still off by default in the release under test that a test needs (e.g. DRAConsumableCapacity
@@ -691,6 +695,7 @@ class ControlPlane(StartStop):
                 f"--profiling={str(self.profiling).lower()}",
                 f"--cert-dir={self.pki_dir / 'apiserver-generated'}",
                 *self.feature_gate_args(),
+                *self.apiserver_args,
                 "--v=1",
             ],
             self.log_dir / "kube-apiserver.log",

@@ -36,6 +36,7 @@ from share_core.contract import (
     NODE_LABEL,
     NODE_LABEL_VALUE,
     RESOURCE_MEM,
+    SCHEDULER_NAME,
     MemoryUnit,
 )
 from share_core.gpus import node_gpus
@@ -485,3 +486,11 @@ def pod_spec(
 
 def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def with_scheduler(doc: dict[str, Any], scheduler: str = SCHEDULER_NAME) -> dict[str, Any]:
+    """A sample with `schedulerName` set, for a cluster without the admission webhook that would set it
+    (samples/ leave it out: the webhook gives it). A pod, or a workload's pod template."""
+    spec = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+    spec.setdefault("schedulerName", scheduler)
+    return doc

@@ -111,7 +111,7 @@ def test_all_options_pass_server_side_dry_run(
 
 def test_kube_scheduler_image_matches_the_cluster(kube_version: str) -> None:
     docs = render_chart(namespace=NAMESPACE, kube_version=kube_version)
-    dep = one(docs, "Deployment")
+    dep = one(docs, "Deployment", "gpushare-scheduler")
     images = {c["name"]: c["image"] for c in dep["spec"]["template"]["spec"]["containers"]}
     assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{kube_version.split('+')[0]}"
 
@@ -156,8 +156,8 @@ def _can(cluster: ControlPlane, sa: str, *args: str) -> bool:
     return answer == "yes"
 
 
-def _sa(docs: list[Obj], kind: str) -> str:
-    return one(docs, kind)["spec"]["template"]["spec"]["serviceAccountName"]
+def _sa(docs: list[Obj], kind: str, name: str | None = None) -> str:
+    return one(docs, kind, name)["spec"]["template"]["spec"]["serviceAccountName"]
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,34 @@ def test_scheduler_rbac_enforced(
 ) -> None:
     lease = scheduler_config(rbac_installed)["leaderElection"]["resourceName"]
     args = tuple(a.replace("LEASE", lease) for a in args)
-    assert _can(cluster, _sa(rbac_installed, "Deployment"), *args) is allowed
+    assert _can(cluster, _sa(rbac_installed, "Deployment", f"{RBAC_RELEASE}-gpushare-scheduler"), *args) is allowed
+
+
+@pytest.mark.parametrize(
+    ("args", "allowed"),
+    [
+        (("list", "nodes"), True),
+        (("get", f"mutatingwebhookconfigurations/{RBAC_RELEASE}-gpushare-webhook"), True),
+        (("patch", f"mutatingwebhookconfigurations/{RBAC_RELEASE}-gpushare-webhook"), True),
+        (("patch", f"validatingwebhookconfigurations/{RBAC_RELEASE}-gpushare-webhook"), True),
+        (("get", f"secrets/{RBAC_RELEASE}-gpushare-webhook-tls", "-n", NAMESPACE), True),
+        (("update", f"secrets/{RBAC_RELEASE}-gpushare-webhook-tls", "-n", NAMESPACE), True),
+        (("create", "secrets", "-n", NAMESPACE), True),
+        # and nothing more: no other configuration, no other Secret, nothing in other namespaces
+        (("patch", "mutatingwebhookconfigurations/someone-elses"), False),
+        (("list", "mutatingwebhookconfigurations"), False),
+        (("delete", f"secrets/{RBAC_RELEASE}-gpushare-webhook-tls", "-n", NAMESPACE), False),
+        (("get", "secrets/other", "-n", NAMESPACE), False),
+        (("list", "secrets", "-n", NAMESPACE), False),
+        (("create", "secrets", "-n", "default"), False),
+        (("get", "pods", "-A"), False),
+        (("patch", "nodes"), False),
+    ],
+)
+def test_webhook_rbac_enforced(
+    cluster: ControlPlane, rbac_installed: list[Obj], args: tuple[str, ...], allowed: bool
+) -> None:
+    assert _can(cluster, _sa(rbac_installed, "Deployment", f"{RBAC_RELEASE}-gpushare-webhook"), *args) is allowed
 
 
 def test_rbac_objects_really_created(cluster: ControlPlane, rbac_installed: list[Obj]) -> None:
@@ -225,19 +252,26 @@ def test_rbac_objects_really_created(cluster: ControlPlane, rbac_installed: list
     assert sorted(i["metadata"]["name"] for i in got["items"]) == [
         f"{RBAC_RELEASE}-gpushare-device-plugin",
         f"{RBAC_RELEASE}-gpushare-extender",
+        f"{RBAC_RELEASE}-gpushare-webhook",
     ]
 
 
-@pytest.mark.parametrize("values", [[], [ALL_OPTIONS]], ids=["default", "all-options"])
-def test_helm_install_dry_run_and_notes(cluster: ControlPlane, service_monitor_api: None, values: list[Any]) -> None:
-    """helm itself installs the chart against the API server (server dry run) and prints NOTES.txt."""
+@pytest.mark.parametrize(
+    ("values", "webhook"),
+    [([], True), (["--values", str(ALL_OPTIONS)], True), (["--set", "webhook.enabled=false"], False)],
+    ids=["default", "all-options", "no-webhook"],
+)
+def test_helm_install_dry_run_and_notes(
+    cluster: ControlPlane, service_monitor_api: None, values: list[str], webhook: bool
+) -> None:
+    """helm itself installs the chart against the API server (server dry run) and prints NOTES.txt: the pod
+    spec without schedulerName when the webhook gives it, with it otherwise."""
     args = ["install", "notes-check", str(CHART_DIR), "--namespace", NAMESPACE, "--dry-run=server"]
-    args += ["--kubeconfig", str(cluster.admin_kubeconfig)]
-    for f in values:
-        args += ["--values", str(f)]
+    args += ["--kubeconfig", str(cluster.admin_kubeconfig), *values]
     out = run_helm(*args).stdout
     notes = out.split("NOTES:", 1)[1]
     assert "kubectl label node <gpu-node> gpushare=true" in notes
-    assert "schedulerName: gpushare-scheduler" in notes and "nvidia.com/gpu-mem:" in notes
+    assert ("schedulerName: gpushare-scheduler" in notes) is not webhook and "nvidia.com/gpu-mem:" in notes
+    assert ("The admission webhook gives the pod its" in notes) is webhook
     assert "kubectl inspect gpushare" in notes
     assert "WARNING" not in notes, "the ServiceMonitor API is served here"

@@ -21,6 +21,7 @@ from tests.controlplane.gpucluster import (
     GpuCluster,
     load_yaml_docs,
     sa_identity,
+    with_scheduler,
 )
 from tests.unit.chart.helm import render_chart, scheduler_config
 
@@ -36,7 +37,10 @@ def test_chart_installs_and_its_scheduler_places_every_sample(gpu_cluster: GpuCl
         release=RELEASE,
         namespace=NAMESPACE,
         kube_version=version,
-        set_values={"scheduler.port": gpu_cluster.extender_port, "scheduler.replicas": 1},
+        # No webhook here (its pods need a real node: test_helm_realnode.py installs it, test_webhook.py runs
+        # it on this API server): the samples get their schedulerName from with_scheduler, as written
+        # for a chart installed with webhook.enabled=false.
+        set_values={"scheduler.port": gpu_cluster.extender_port, "scheduler.replicas": 1, "webhook.enabled": False},
     )
     kinds = Counter(o["kind"] for o in objects)
     assert {"DaemonSet", "Deployment", "ConfigMap", "Service", "ClusterRole", "ClusterRoleBinding"} <= set(kinds)
@@ -66,7 +70,7 @@ def test_chart_installs_and_its_scheduler_places_every_sample(gpu_cluster: GpuCl
         cp.start_scheduler(yaml.safe_dump(config), kubeconfig=cp.kubeconfig_for(*sa_identity(NAMESPACE, scheduler_sa)))
         gpu_cluster.add_node(f"{ns}-a100", "2xA100:80GiB")
         gpu_cluster.add_node(f"{ns}-t4", "4xT4:16GiB")
-        docs = [d for f in sorted(SAMPLES.glob("*.yaml")) for d in load_yaml_docs(f)]
+        docs = [with_scheduler(d) for f in sorted(SAMPLES.glob("*.yaml")) for d in load_yaml_docs(f)]
         pods = [d for d in docs if d["kind"] == "Pod"]
         workloads = [d for d in docs if d["kind"] != "Pod"]
         assert len(pods) >= 4 and [d["kind"] for d in workloads] == ["Deployment"]

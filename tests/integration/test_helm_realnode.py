@@ -10,8 +10,13 @@ pullPolicy Never, the sim backend, the node's kubelet root. Its device plugin re
 kubelet from inside its container through the hostPath sockets; its scheduler pod runs
 kube-scheduler and the extender with the chart's RBAC only; the samples (image replaced by our
 busybox, which cannot be pulled otherwise, and each container's command prefixed with a print of
-its env) run, and every container's env matches its pod's annotations. `helm upgrade` with a
-changed value rolls both workloads; `helm uninstall` leaves nothing of the release behind.
+its env) run, and every container's env matches its pod's annotations. The chart's admission webhook
+(on by default) gives the samples, which name no scheduler, gpushare-scheduler, and refuses through its
+Service what could never be placed: kube-apiserver runs with --enable-aggregator-routing=true and calls
+the Service on an endpoint's pod IP (there is no kube-proxy), which the endpoints controllers publish.
+`helm upgrade` with a changed value rolls every workload and keeps the webhook's CA; `helm uninstall`
+leaves nothing of the release behind, the webhook's certificate Secret (owned by its
+MutatingWebhookConfiguration) included.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import yaml
 
 from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
 from tests.controlplane import ControlPlane
-from tests.controlplane.cluster import CONTROLLER_MANAGER_USER
+from tests.controlplane.cluster import CONTROLLER_MANAGER_USER, DEFAULT_CONTROLLERS
 from tests.controlplane.gpucluster import wait_for
 from tests.node import RealNode
 from tests.node.images import node_images
@@ -43,6 +48,8 @@ SAMPLES = REPO / "samples"
 RELEASE = "gpushare"
 NAMESPACE = "gpushare-system"
 SAMPLES_NS = "samples"
+WEBHOOK = f"{RELEASE}-webhook"  # the chart's names for the release
+WEBHOOK_SECRET = f"{WEBHOOK}-tls"
 NODE = "gpunode-0"
 SIM_GPUS = "2xA100:80GiB,1xT4:16GiB"
 GPU_MEM_UNITS = 80 + 80 + 16
@@ -104,12 +111,18 @@ def cluster(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     images = product_images()
     TIMINGS["images"] = time.monotonic() - t0
     work = tmp_path_factory.mktemp("helm-realnode")
-    cp = ControlPlane(work / "controlplane", k8s_bin_dir, service_accounts=True)
+    # The admission webhook is a Service: kube-apiserver calls it on its endpoint's pod IP (no kube-proxy
+    # here to route the ClusterIP), which the endpoints controllers publish.
+    cp = ControlPlane(
+        work / "controlplane", k8s_bin_dir, service_accounts=True, apiserver_args=["--enable-aggregator-routing=true"]
+    )
     proxy: KubernetesServiceProxy | None = None
     node: RealNode | None = None
     try:
         cp.start()
-        cp.start_controller_manager()
+        cp.start_controller_manager(
+            controllers=(*DEFAULT_CONTROLLERS, "endpoints-controller", "endpointslice-controller")
+        )
         cp.start_scheduler("{}")  # the cluster's default-scheduler (places the chart's own pods)
         proxy = KubernetesServiceProxy(*KUBERNETES_SERVICE, "127.0.0.1", cp.apiserver_port).start()
         node = RealNode(cp, NODE, work / "node", images=node_images(), pod_subnet="10.245.0.0/24", pod_gateway=True)
@@ -198,9 +211,27 @@ def test_helm_install(cluster: Cluster) -> None:
         assert p["spec"]["securityContext"]["runAsUser"] == 65532
     leases = c.get("lease", "-n", NAMESPACE)["items"]
     assert any(x["spec"].get("holderIdentity") for x in leases), leases
+
+    # The admission webhook: two replicas from our image, ready over HTTPS, their certificate made by
+    # themselves in a Secret owned by the MutatingWebhookConfiguration, its CA in both configurations.
+    hook_pods = c.pods(NAMESPACE, "app.kubernetes.io/component=webhook")
+    assert len(hook_pods) == 2 and all(_ready(p) for p in hook_pods), hook_pods
+    assert {p["spec"]["containers"][0]["image"] for p in hook_pods} == {c.images.gpushare.ref}
+    secret = c.get("secret", "-n", NAMESPACE, WEBHOOK_SECRET)
+    mutating = c.get("mutatingwebhookconfiguration", WEBHOOK)
+    assert [(o["kind"], o["uid"]) for o in secret["metadata"]["ownerReferences"]] == [
+        ("MutatingWebhookConfiguration", mutating["metadata"]["uid"])
+    ]
+    _poll(lambda: _ca_bundles(c) == {secret["data"]["ca.crt"]}, 30, "the webhook's CA in both configurations", c)
+    TIMINGS["webhook_ready"] = time.monotonic() - t0
     # Nobody but the controllers made pods: no pod of the release lacks an owner.
     assert all(p["metadata"].get("ownerReferences") for p in c.pods(NAMESPACE))
     assert CONTROLLER_MANAGER_USER  # the controllers ran under their own credentials (cluster.py)
+
+
+def _ca_bundles(c: Cluster) -> set[str]:
+    kinds = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+    return {h["clientConfig"].get("caBundle", "") for kind in kinds for h in c.get(kind, WEBHOOK)["webhooks"]}
 
 
 def _sample_docs() -> list[dict[str, Any]]:
@@ -277,6 +308,19 @@ def test_samples_run_with_the_env_of_their_annotations(cluster: Cluster) -> None
 
     pods = _poll(running, 240, f"{expected} sample pods running", c)
     TIMINGS["samples_running"] = time.monotonic() - t0
+    # None of the samples names a scheduler: the webhook gave every one of them ours.
+    assert all("schedulerName" not in json.dumps(d) for d in docs)
+    assert {p["spec"]["schedulerName"] for p in pods} == {"gpushare-scheduler"}
+    # ...and refuses, through its Service, what the extender could never place; nothing is created.
+    bad = _adapt(next(d for d in _sample_docs() if d["metadata"]["name"] == "gpushare-pod"), node_images().busybox.ref)
+    bad["metadata"]["name"] = "gpushare-uneven"
+    bad["metadata"]["annotations"] = {"gpushare.io/gpu-count": "3"}
+    refused = c.cp.kubectl("apply", "-n", SAMPLES_NS, "-f", "-", input=json.dumps(bad), check=False)
+    print(f"\n[helm-realnode] kubectl apply (4 GiB over gpu-count 3): {refused.stderr.strip()}")
+    assert refused.returncode != 0
+    denied = f'admission webhook "request.gpushare.io" denied the request: gpushare: pod {SAMPLES_NS}/gpushare-uneven: '
+    assert denied in refused.stderr and "must divide evenly by the GPU count" in refused.stderr, refused.stderr
+    assert c.cp.kubectl("get", "pod", "-n", SAMPLES_NS, "gpushare-uneven", check=False).returncode != 0
     gpus = {g["index"]: g for g in json.loads(c.get("node", NODE)["metadata"]["annotations"]["gpushare.io/gpus"])}
     checked = 0
     for pod in pods:
@@ -305,9 +349,10 @@ def test_samples_run_with_the_env_of_their_annotations(cluster: Cluster) -> None
     print(f"\n[helm-realnode] {len(pods)} sample pods, {checked} containers' env checked")
 
 
-def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
+def test_helm_upgrade_rolls_every_workload_and_keeps_the_webhook_ca(cluster: Cluster) -> None:
     c = cluster
     before = {p["metadata"]["name"] for p in c.pods(NAMESPACE)}
+    secret_before = c.get("secret", "-n", NAMESPACE, WEBHOOK_SECRET)
     values = _values(c)
     values["logLevel"] = "debug"  # both workloads' args change
     values["scheduler"]["policy"] = "spread"
@@ -320,7 +365,7 @@ def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
     def rolled() -> list[dict[str, Any]] | None:
         pods = c.pods(NAMESPACE)
         fresh = [p for p in pods if p["metadata"]["name"] not in before]
-        if len(pods) == 3 and len(fresh) == 3 and all(_ready(p) for p in pods):
+        if len(pods) == 5 and len(fresh) == 5 and all(_ready(p) for p in pods):
             return pods
         return None
 
@@ -330,7 +375,7 @@ def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
     # checksum rolled the pods above.
     for p in pods:
         for ctr in p["spec"]["containers"]:
-            if ctr["name"] in ("device-plugin", "extender"):
+            if ctr["name"] in ("device-plugin", "extender", "webhook"):
                 assert "--config=/etc/gpushare/config.yaml" in ctr["args"], ctr["args"]
     configs = [
         yaml.safe_load(cm["data"]["config.yaml"])
@@ -339,6 +384,7 @@ def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
     ]
     assert len(configs) == 1, configs
     assert configs[0]["plugin"]["logLevel"] == configs[0]["scheduler"]["logLevel"] == "DEBUG"
+    assert configs[0]["webhook"]["logLevel"] == "DEBUG"
     assert configs[0]["scheduler"]["policy"] == "spread"
     _poll(lambda: _node_gpu_mem(c) == GPU_MEM_UNITS, 120, "the new plugin registered", c)
     # The samples kept their GPUs; a new pod is still placed by the new scheduler and gets its env.
@@ -347,8 +393,14 @@ def test_helm_upgrade_rolls_both_workloads(cluster: Cluster) -> None:
     c.cp.kubectl("apply", "-n", SAMPLES_NS, "-f", "-", input=json.dumps(pod))
     _poll(lambda: _ready(c.get("pod", "-n", SAMPLES_NS, "gpushare-pod-after-upgrade")), 120, "new pod running", c)
     env = _poll(lambda: _printed_env(c.node.pod_log(SAMPLES_NS, "gpushare-pod-after-upgrade", "cuda")), 60, "env", c)
-    ann = c.get("pod", "-n", SAMPLES_NS, "gpushare-pod-after-upgrade")["metadata"]["annotations"]
-    assert env["GPUSHARE_GPU_INDEX"] == ann["gpushare.io/gpu-index"]
+    after = c.get("pod", "-n", SAMPLES_NS, "gpushare-pod-after-upgrade")
+    assert env["GPUSHARE_GPU_INDEX"] == after["metadata"]["annotations"]["gpushare.io/gpu-index"]
+    assert after["spec"]["schedulerName"] == "gpushare-scheduler", "the new webhook replicas gave it"
+    # The upgrade kept the webhook's certificate (helm never renders the Secret, and leaves the caBundle
+    # it never rendered), so the configurations trust the new replicas at once.
+    secret = c.get("secret", "-n", NAMESPACE, WEBHOOK_SECRET)
+    assert secret["data"] == secret_before["data"]
+    assert _ca_bundles(c) == {secret["data"]["ca.crt"]}
 
 
 def test_helm_uninstall_leaves_nothing_behind(cluster: Cluster) -> None:
@@ -365,6 +417,9 @@ def test_helm_uninstall_leaves_nothing_behind(cluster: Cluster) -> None:
     def gone() -> bool:
         left = c.get(kinds, "-A", "-l", selector)["items"]
         left += c.get("clusterroles,clusterrolebindings", "-l", selector)["items"]
+        left += c.get("mutatingwebhookconfigurations,validatingwebhookconfigurations", "-l", selector)["items"]
+        # the webhook's own Secret (helm never made it): the garbage collector deletes it with its owner
+        left += [x for x in c.get("secrets", "-n", NAMESPACE)["items"] if x["metadata"]["name"] == WEBHOOK_SECRET]
         left += c.pods(NAMESPACE)
         return not left
 

@@ -2,17 +2,15 @@
 
 The configurations are the chart's (rendered by the real helm, matchConditions and all), with the Service
 reference replaced by the webhook's loopback URL; the webhook makes its certificate, stores it in its
-Secret and writes the caBundle itself, as in a cluster without cert-manager. Pods are created with the
-built kubectl, so the refusals and warnings are what a user reads at `kubectl apply`. The real controller
-manager turns a Deployment into pods. No kubelet: admission is the whole subject.
+Secret and writes the caBundle itself, as in a cluster without cert-manager (tests/controlplane/webhook.py).
+Pods are created with the built kubectl, so the refusals and warnings are what a user reads at `kubectl
+apply`. The real controller manager turns a Deployment into pods. No kubelet: admission is the whole subject.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,63 +22,15 @@ import pytest
 
 from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, ANN_NODE_GPUS, NODE_LABEL, RESOURCE_MEM, SCHEDULER_NAME
 from tests.controlplane import ControlPlane
-from tests.controlplane.cluster import free_port
 from tests.controlplane.gpucluster import wait_for
-from tests.unit.chart import helm as h
+from tests.controlplane.webhook import NAME, NAMESPACE, ROOT, SECRET, Webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "gpushare-system"
 OPTED_IN = "everything"
 PLAIN = "apps"
-NAME = "gpushare-webhook"  # the chart's names for release "gpushare"
-SECRET = "gpushare-webhook-tls"
 # What kubectl prints, collected for the closing note and the docs (tests/integration/webhook-outputs.txt).
 PRINTED: dict[str, str] = {}
-
-
-def _configurations(url: str) -> list[dict[str, Any]]:
-    docs = h.render_chart(
-        set_values={"webhook.enabled": True, "webhook.scheduleNamespaces.enabled": True}, kube_version="v1.37.2"
-    )
-    out = []
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        cfg = copy.deepcopy(h.one(docs, kind, NAME))
-        for hook in cfg["webhooks"]:
-            path = hook["clientConfig"]["service"]["path"]
-            hook["clientConfig"] = {"url": f"{url}{path}"}
-        out.append(cfg)
-    return out
-
-
-class Webhook:
-    """share-webhook as a process of this test, restartable."""
-
-    def __init__(self, cp: ControlPlane, port: int, log: Path) -> None:
-        self.cp, self.port, self.log = cp, port, log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        argv = [
-            sys.executable, "-m", "share_webhook", f"--kubeconfig={self.cp.admin_kubeconfig}",
-            "--bind-address=127.0.0.1", f"--port={self.port}", f"--namespace={NAMESPACE}",
-            f"--cert-secret={SECRET}", f"--service={NAME}", "--extra-cert-names=127.0.0.1",
-            f"--mutating-config={NAME}", f"--validating-config={NAME}", "--node-refresh-interval=1",
-            "--log-level=DEBUG",
-        ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(argv, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-            self.proc = None
 
 
 @pytest.fixture(scope="module")
@@ -88,10 +38,10 @@ def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     work = tmp_path_factory.mktemp("webhook-plane")
     cp = ControlPlane(work, k8s_bin_dir, service_accounts=True)
     cp.start()
-    hook = Webhook(cp, free_port(), work / "share-webhook.log")
+    hook = Webhook(cp, work / "share-webhook.log")
     try:
         cp.start_controller_manager()
-        for ns in (NAMESPACE, OPTED_IN, PLAIN):
+        for ns in (OPTED_IN, PLAIN):
             cp.kubectl("create", "namespace", ns)
         cp.kubectl("label", "namespace", OPTED_IN, "gpushare.io/schedule=all")
         for ns in (OPTED_IN, PLAIN):
@@ -107,10 +57,9 @@ def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             },
         }
         cp.kubectl("apply", "-f", "-", input=json.dumps(node))
-        for cfg in _configurations(f"https://127.0.0.1:{hook.port}"):
-            cp.kubectl("apply", "-f", "-", input=json.dumps(cfg))
+        hook.install()
         hook.start()
-        wait_for(lambda: _ca_bundles(cp) and all(_ca_bundles(cp)), 60, "the webhook wrote its caBundle")
+        hook.wait_trusted()
         time.sleep(2)  # the first node list (warnings)
         yield cp, hook
     except BaseException:
@@ -119,14 +68,6 @@ def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         hook.stop()
         cp.stop()
-
-
-def _ca_bundles(cp: ControlPlane) -> list[str]:
-    out = []
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        cfg = json.loads(cp.kubectl("get", kind, NAME, "-o", "json").stdout)
-        out += [w["clientConfig"].get("caBundle", "") for w in cfg["webhooks"]]
-    return out
 
 
 def _failure_policy(cp: ControlPlane, value: str) -> None:
@@ -214,6 +155,10 @@ def test_never_schedulable_is_refused_at_apply(
     assert source in result.stderr and reason in result.stderr, result.stderr
     if source == WEBHOOK:
         assert f"pod {PLAIN}/{name}: " in result.stderr
+    else:  # the value as 1.37 prints it ("1500m") or as 1.33 does (the Go struct of the quantity, s:"1500m")
+        assert result.stderr.startswith(f'The Pod "{name}" is invalid: \n'), result.stderr
+        assert "spec.containers[0].resources.limits[nvidia.com/gpu-mem]: Invalid value: " in result.stderr
+        assert result.stderr.rstrip().endswith(reason), result.stderr
     assert cp.kubectl("-n", PLAIN, "get", "pod", name, check=False).returncode != 0, "nothing was created"
 
 
@@ -222,7 +167,11 @@ def test_requests_unlike_limits_is_refused(plane: tuple[ControlPlane, Webhook]) 
     pod = _pod("unequal", 4)
     pod["spec"]["containers"][0]["resources"]["requests"] = {RESOURCE_MEM: 2}
     result = _apply(cp, PLAIN, pod, "requests != limits")
-    assert result.returncode != 0 and "must be equal to" in result.stderr, result.stderr
+    assert result.returncode != 0
+    assert result.stderr.strip() == (
+        'The Pod "unequal" is invalid: spec.containers[0].resources.requests: Invalid value: "2": '
+        "must be equal to nvidia.com/gpu-mem limit of 4"
+    ), result.stderr
 
 
 def test_not_yet_schedulable_is_a_warning(plane: tuple[ControlPlane, Webhook]) -> None:
@@ -275,7 +224,10 @@ def test_webhook_down_refuses_our_pods_admits_the_rest_and_restarts_on_its_secre
     assert _scheduler(cp, PLAIN, "after-restart") == SCHEDULER_NAME
     secret_after = json.loads(cp.kubectl("-n", NAMESPACE, "get", "secret", SECRET, "-o", "json").stdout)
     assert secret_after["metadata"]["resourceVersion"] == secret_before["metadata"]["resourceVersion"]
+    mutating = json.loads(cp.kubectl("get", "mutatingwebhookconfiguration", NAME, "-o", "json").stdout)
+    owners = [(o["kind"], o["name"], o["uid"]) for o in secret_after["metadata"]["ownerReferences"]]
+    assert owners == [("MutatingWebhookConfiguration", NAME, mutating["metadata"]["uid"])], "deleted with it"
     ca = base64.b64decode(secret_after["data"]["ca.crt"]).decode()
-    assert all(base64.b64decode(b).decode() == ca for b in _ca_bundles(cp))
+    assert all(base64.b64decode(b).decode() == ca for b in hook.ca_bundles())
     (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "webhook-kubectl-outputs.json").write_text(json.dumps(PRINTED, indent=1))

@@ -132,13 +132,13 @@ def render_chart(
 # ---------------------------------------------------------------------------- reading the objects
 
 
-def objects(docs: Iterable[Obj], kind: str) -> list[Obj]:
-    return [d for d in docs if d.get("kind") == kind]
+def objects(docs: Iterable[Obj], kind: str, name: str | None = None) -> list[Obj]:
+    return [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
 
 
 def one(docs: Iterable[Obj], kind: str, name: str | None = None) -> Obj:
     """The single object of `kind` (and `name`); raises if there are none or several."""
-    found = [d for d in objects(docs, kind) if name is None or d["metadata"]["name"] == name]
+    found = objects(docs, kind, name)
     if len(found) != 1:
         names = [d["metadata"]["name"] for d in objects(docs, kind)]
         raise LookupError(f"expected one {kind}{' ' + name if name else ''}, found {len(found)} among {names}")

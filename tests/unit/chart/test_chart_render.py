@@ -123,8 +123,8 @@ def test_several_replicas_need_leader_election(helm: Any) -> None:
         h.render_chart(set_values={"scheduler.replicas": 2, "scheduler.leaderElection.enabled": False})
     docs = h.render_chart(set_values={"scheduler.replicas": 1, "scheduler.leaderElection.enabled": False})
     assert h.scheduler_config(docs)["leaderElection"] == {"leaderElect": False}
-    assert not h.objects(docs, "Role"), "no lease Role without leader election"
-    assert not h.objects(docs, "PodDisruptionBudget"), "no PDB for a single replica"
+    assert not h.objects(docs, "Role", "gpushare-scheduler"), "no lease Role without leader election"
+    assert not h.objects(docs, "PodDisruptionBudget", "gpushare-scheduler"), "no PDB for a single replica"
 
 
 def test_sim_backend_needs_gpus(helm: Any) -> None:
@@ -140,7 +140,10 @@ def test_components_can_be_turned_off(helm: Any) -> None:
     assert h.objects(only_plugin, "DaemonSet")
     only_sched = h.render_chart(set_values={"devicePlugin.enabled": False})
     assert not h.objects(only_sched, "DaemonSet")
-    assert {d["metadata"]["name"] for d in h.objects(only_sched, "ClusterRole")} == {"gpushare-extender"}
+    assert {d["metadata"]["name"] for d in h.objects(only_sched, "ClusterRole")} == {
+        "gpushare-extender",
+        "gpushare-webhook",
+    }
     no_rbac = h.render_chart(set_values={"rbac.create": False, "serviceAccount.create": False})
     kinds = {d["kind"] for d in no_rbac}
     assert not kinds & {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"}
@@ -532,7 +535,7 @@ def test_scheduler_replicas_and_spread(default_docs: list[Obj], all_docs: list[O
     assert dep["spec"]["replicas"] == 2
     soft = pod_spec(dep)["affinity"]["podAntiAffinity"]
     assert "preferredDuringSchedulingIgnoredDuringExecution" in soft
-    assert h.one(default_docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    assert h.one(default_docs, "PodDisruptionBudget", "gpushare-scheduler")["spec"]["maxUnavailable"] == 1
     dep = deployment(all_docs)
     assert dep["spec"]["replicas"] == 3
     aff = pod_spec(dep)["affinity"]
@@ -678,7 +681,8 @@ def test_common_labels(all_docs: list[Obj]) -> None:
 def test_release_named_gpushare_gives_short_names(default_docs: list[Obj]) -> None:
     assert deployment(default_docs)["metadata"]["name"] == "gpushare-scheduler"
     assert daemonset(default_docs)["metadata"]["name"] == "gpushare-device-plugin"
-    assert h.one(default_docs, "Service")["metadata"]["name"] == "gpushare-scheduler"
+    assert h.one(default_docs, "Service", "gpushare-scheduler")
+    assert h.one(default_docs, "Service", "gpushare-webhook")
 
 
 def test_uninstall_hook_cleans_nodes_with_the_plugins_account(default_docs: list[Obj]) -> None:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
 from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_MEM, SCHEDULER_NAME
 from share_core.request import pod_request
+from share_webhook import review
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = REPO_ROOT / "samples"
@@ -48,6 +51,21 @@ def _pod_of(doc: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": tmpl.get("metadata", {}), "spec": tmpl["spec"]}
 
 
+def assert_webhook_gives_scheduler(pod: dict[str, Any]) -> None:
+    """Samples leave schedulerName out (README: the two lines a user writes): the chart's webhook hands
+    them to gpushare-scheduler, and its validation lets them through without a warning."""
+    assert "schedulerName" not in pod["spec"]
+    request = {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod}
+    raw = orjson.dumps({"apiVersion": review.API_VERSION, "kind": "AdmissionReview", "request": request})
+    mutated = review.mutate(review.parse_review(raw), opted_in=False)["response"]
+    assert orjson.loads(base64.b64decode(mutated["patch"])) == [
+        {"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME}
+    ]
+    assert "warnings" not in mutated
+    checked = review.validate(review.parse_review(raw), None)["response"]
+    assert checked == {"uid": "u", "allowed": True}
+
+
 def test_every_sample_is_listed() -> None:
     assert sorted(p.name for p in SAMPLES.glob("*.yaml")) == sorted(EXPECTED)
 
@@ -57,7 +75,7 @@ def test_sample_is_a_gpushare_request(name: str) -> None:
     docs = [d for d in yaml.safe_load_all((SAMPLES / name).read_text()) if d]
     assert len(docs) == 1
     pod = _pod_of(docs[0])
-    assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
+    assert_webhook_gives_scheduler(pod)
     assert "namespace" not in docs[0]["metadata"], "samples go to the namespace kubectl is told"
     for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
         assert RESOURCE_MEM in c["resources"]["limits"], c["name"]
@@ -78,14 +96,15 @@ def test_sample_annotations() -> None:
 
 def test_programs_job_is_valid_yaml() -> None:
     job = yaml.safe_load((PROGRAMS / "pytorch-job.yaml").read_text())
-    assert job["spec"]["template"]["spec"]["schedulerName"] == SCHEDULER_NAME
+    assert_webhook_gives_scheduler(_pod_of(job))
 
 
 def test_overlimit_job_asks_less_than_its_program_takes() -> None:
     job = yaml.safe_load((PROGRAMS / "overlimit-job.yaml").read_text())
     pod = _pod_of(job)
     req = pod_request(pod)
-    assert req is not None and req.total == 4 and pod["spec"]["schedulerName"] == SCHEDULER_NAME
+    assert req is not None and req.total == 4
+    assert_webhook_gives_scheduler(pod)
     c = pod["spec"]["containers"][0]
     assert c["command"][-1] == "/programs/pytorch_overlimit.py"
     assert int(next(e["value"] for e in c["env"] if e["name"] == "OVERSHOOT_MIB")) > 0

@@ -25,29 +25,38 @@ class FakeApi:
         self.bundles: dict[tuple[str, str], str] = {("mutating", "m"): "", ("validating", "v"): ""}
         self.race: dict[str, str] | None = None  # another replica's data, written just before our write
         self.nodes: list[dict[str, Any]] = []
+        self.uids = {("mutating", "m"): "uid-1", ("validating", "v"): "uid-v"}
 
-    def _store(self, data: dict[str, str]) -> None:
+    def _store(self, data: dict[str, str], owners: list[dict[str, Any]] | None = None) -> None:
         self.version += 1
-        self.secret = {"metadata": {"resourceVersion": str(self.version)}, "data": data}
+        meta: dict[str, Any] = {"resourceVersion": str(self.version)}
+        if owners:
+            meta["ownerReferences"] = owners
+        self.secret = {"metadata": meta, "data": data}
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.secret
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+    def create_secret(self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]]) -> None:
         if self.race is not None:
-            self._store(self.race)
+            self._store(self.race, owners)  # the other replica names the same owner
             self.race = None
         if self.secret is not None:
             raise Conflict("exists", 409)
-        self._store(data)
+        self._store(data, owners)
 
-    def replace_secret(self, namespace: str, name: str, data: dict[str, str], resource_version: str) -> None:
+    def replace_secret(
+        self, namespace: str, name: str, data: dict[str, str], owners: list[dict[str, Any]], resource_version: str
+    ) -> None:
         if self.race is not None:
-            self._store(self.race)
+            self._store(self.race, owners)  # the other replica names the same owner
             self.race = None
         if self.secret is None or self.secret["metadata"]["resourceVersion"] != resource_version:
             raise Conflict("changed", 409)
-        self._store(data)
+        self._store(data, owners)
+
+    def config_uid(self, kind: str, name: str) -> str | None:
+        return self.uids.get((kind, name))
 
     def set_ca_bundle(self, kind: str, name: str, ca_bundle: str) -> bool:
         if (kind, name) not in self.bundles:
@@ -117,6 +126,27 @@ def test_garbage_in_the_secret_is_replaced() -> None:
     api._store({"tls.crt": base64.b64encode(b"not a cert").decode(), "ca.crt": "%%%"})
     bundle = keeper(api, served).sync()
     assert api.version == 2 and certs.signed_by(bundle.cert, bundle.ca)
+
+
+def test_the_secret_is_owned_by_the_mutating_configuration() -> None:
+    """helm never makes the Secret: owned by the MutatingWebhookConfiguration, the garbage collector
+    deletes it (and its private keys) with the release; helm upgrade keeps the configuration's UID."""
+    api, served = FakeApi(), []
+    bundle = keeper(api, served).sync()
+    assert api.secret is not None
+    assert api.secret["metadata"]["ownerReferences"] == [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "name": "m",
+         "uid": "uid-1"}
+    ]  # fmt: skip
+    assert keeper(api, served).sync() == bundle and api.version == 1, "owned already: nothing rewritten"
+    # a Secret made before the configuration existed, or a configuration made again: owned, same certificate
+    api.uids[("mutating", "m")] = "uid-2"
+    assert keeper(api, served).sync() == bundle and api.version == 2
+    assert [o["uid"] for o in api.secret["metadata"]["ownerReferences"]] == ["uid-2"]
+    # no mutating configuration at all (a bare share-webhook): made without an owner
+    bare = FakeApi()
+    CertKeeper(bare, "ns", "tls", NAMES, [("validating", "v")], served.append).sync()
+    assert bare.secret is not None and "ownerReferences" not in bare.secret["metadata"]
 
 
 def test_a_missing_configuration_is_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
