@@ -56,14 +56,18 @@ class Mutation:
     warnings: tuple[str, ...] = ()
 
 
-def choose_scheduler(pod: Pod, opted_in: bool, scheduler_name: str = SCHEDULER_NAME) -> Mutation:
-    """A pod asking gpu-mem that names no scheduler (or the default one) gets ours; in an opted-in
-    namespace every such pod does, CPU-only pods included, so the policy places them too. A pod that
-    names another scheduler is left alone: our device plugin will refuse it at Allocate, so say so."""
+def choose_scheduler(
+    pod: Pod, opted_in: bool, scheduler_name: str = SCHEDULER_NAME, claims_ours: bool = False
+) -> Mutation:
+    """A pod asking gpu-mem that names no scheduler (or the default one) gets ours; so does one whose
+    ResourceClaims ask our DeviceClass (`claims_ours`: DRA mode, where the policy places claims through
+    the extender); in an opted-in namespace every pod does, CPU-only pods included, so the policy places
+    them too. A gpu-mem pod that names another scheduler is left alone: our device plugin will refuse it
+    at Allocate, so say so (a DRA pod of another scheduler runs, placed by that scheduler)."""
     spec = pod.get("spec") or {}
     named = spec.get("schedulerName") if isinstance(spec, Mapping) else None
     ours = asks_gpu_mem(pod)
-    if named == scheduler_name or not (ours or opted_in):
+    if named == scheduler_name or not (ours or claims_ours or opted_in):
         return Mutation(None)
     if named in (None, "", DEFAULT_SCHEDULER):
         return Mutation(scheduler_name)

@@ -218,6 +218,20 @@ def _request_ask(request: Obj, what: str) -> tuple[int, int, tuple[str, ...] | N
     return mib, count, models
 
 
+def _classes(request: Any) -> list[Any]:
+    exactly = request.get("exactly") if isinstance(request, Mapping) else None
+    if isinstance(exactly, Mapping):
+        return [exactly.get("deviceClassName")]
+    subs = request.get("firstAvailable") if isinstance(request, Mapping) else None
+    return [s.get("deviceClassName") for s in subs or [] if isinstance(s, Mapping)]
+
+
+def uses_device_class(claim_spec: Obj, device_class: str = DRA_DEVICE_CLASS) -> bool:
+    """Whether a claim's spec (or a template's `spec.spec`) asks anything of `device_class`."""
+    requests = ((claim_spec or {}).get("devices") or {}).get("requests") or []
+    return any(device_class in _classes(r) for r in requests)
+
+
 def claim_ask(claim: Obj, device_class: str = DRA_DEVICE_CLASS) -> ClaimAsk | None:
     """What a claim asks of `device_class`: None when it asks nothing of it (another driver's claim);
     a ClaimAsk with `reason` set when it asks in a shape placement cannot price (then kube-scheduler's
@@ -229,16 +243,7 @@ def claim_ask(claim: Obj, device_class: str = DRA_DEVICE_CLASS) -> ClaimAsk | No
     the caller, who knows the unit)."""
     ns, name = claim_name(claim)
     requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
-    ours = []
-    for r in requests:
-        exactly = r.get("exactly") if isinstance(r, Mapping) else None
-        classes = (
-            [exactly.get("deviceClassName")]
-            if isinstance(exactly, Mapping)
-            else [s.get("deviceClassName") for s in (r.get("firstAvailable") or []) if isinstance(s, Mapping)]
-        )
-        if device_class in classes:
-            ours.append(r)
+    ours = [r for r in requests if device_class in _classes(r)]
     if not ours:
         return None
     asks = []

@@ -6,12 +6,11 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import tempfile
 import threading
 from pathlib import Path
 
-from share_core.config import add_config_arg, parse_args
+from share_core.config import add_config_arg, parse_args, start_logging
 from share_core.contract import SCHEDULER_NAME, MemoryUnit
 
 log = logging.getLogger("share_webhook")
@@ -43,34 +42,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validating-config", default="", help="ValidatingWebhookConfiguration whose caBundle to keep")
     p.add_argument("--cert-check-interval", type=float, default=600.0, help="seconds between certificate checks")
     p.add_argument("--node-refresh-interval", type=float, default=30.0, help="seconds between GPU node lists")
+    p.add_argument(
+        "--dra",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="DRA placement by the policy: a pod whose ResourceClaims (or templates) ask DeviceClass gpushare.io "
+        "gets the scheduler too (reads them: get on resourceclaims and resourceclaimtemplates)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(build_parser(), argv)
-    logging.basicConfig(
-        level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    start_logging(a.log_level)
     if bool(a.tls_cert_file) != bool(a.tls_key_file):
         log.error("--tls-cert-file and --tls-key-file go together")
         return 2
 
     from share_core.kube import ApiServerClient
     from share_webhook import certs, review
+    from share_webhook.claims import ClaimClasses
     from share_webhook.keeper import CertKeeper, ClusterView, run_every
     from share_webhook.kubeapi import ApiServerWebhookApi
     from share_webhook.server import WebhookMetrics, WebhookServer
 
-    api = ApiServerWebhookApi(ApiServerClient.from_kubeconfig(a.kubeconfig, None, component="gpushare-webhook"))
+    client = ApiServerClient.from_kubeconfig(a.kubeconfig, None, component="gpushare-webhook")
+    api = ApiServerWebhookApi(client)
     view = ClusterView(api)
     unit = a.memory_unit
+    claims = ClaimClasses(client.get_path) if a.dra else None
+
+    def mutate_with(raw: bytes, opted_in: bool) -> dict:
+        req = review.parse_review(raw)
+        ours = claims is not None and bool((req.pod.get("spec") or {}).get("resourceClaims")) and claims.ours(req.pod)
+        return review.mutate(req, opted_in=opted_in, scheduler_name=a.scheduler_name, claims_ours=ours)
 
     def mutate(raw: bytes) -> dict:
-        return review.mutate(review.parse_review(raw), opted_in=False, scheduler_name=a.scheduler_name)
+        return mutate_with(raw, opted_in=False)
 
     def mutate_all(raw: bytes) -> dict:
-        return review.mutate(review.parse_review(raw), opted_in=True, scheduler_name=a.scheduler_name)
+        return mutate_with(raw, opted_in=True)
 
     def validate(raw: bytes) -> dict:
         return review.validate(review.parse_review(raw), view.gpus, unit)

@@ -64,11 +64,13 @@ def _response(uid: str, allowed: bool = True, **extra: Any) -> dict[str, Any]:
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": resp}
 
 
-def mutate(req: Request, opted_in: bool, scheduler_name: str = SCHEDULER_NAME) -> dict[str, Any]:
+def mutate(
+    req: Request, opted_in: bool, scheduler_name: str = SCHEDULER_NAME, claims_ours: bool = False
+) -> dict[str, Any]:
     """Set the scheduler where admission.choose_scheduler says so; never refuses (validation does)."""
     if req.kind != "Pod":
         return _response(req.uid)
-    decision = choose_scheduler(req.pod, opted_in, scheduler_name)
+    decision = choose_scheduler(req.pod, opted_in, scheduler_name, claims_ours)
     if decision.scheduler_name is None:
         return _response(req.uid, warnings=decision.warnings)
     spec = req.pod.get("spec") or {}

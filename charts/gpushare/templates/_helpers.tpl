@@ -268,6 +268,15 @@ webhook:
 
 {{- /* CEL (matchConditions): the pod names nvidia.com/gpu-mem in any container's limits or requests,
      init containers and sidecars included: share_core.admission.asks_gpu_mem, the same test. */}}
+{{- /* The pods the scheduler webhook is called for: those asking gpu-mem, and with DRA placement by the
+     policy those naming any ResourceClaim (the webhook reads them: gpushare.io or not). */}}
+{{- define "gpushare.webhook.ours" -}}
+{{- if include "gpushare.draPlacementOn" . -}}
+{{ include "gpushare.webhook.asksGpuMem" . }} || has(object.spec.resourceClaims)
+{{- else -}}
+{{ include "gpushare.webhook.asksGpuMem" . }}
+{{- end }}
+{{- end }}
 {{- define "gpushare.webhook.asksGpuMem" -}}
 {{- $c := "has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu-mem' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu-mem' in c.resources.requests))" -}}
 object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))
@@ -280,6 +289,9 @@ schedulerName: gpushare-scheduler
 memoryUnit: {{ .Values.memoryUnit }}
 service: {{ include "gpushare.webhook.fullname" . }}
 certSecret: {{ include "gpushare.webhook.secret" . }}
+{{- if include "gpushare.draPlacementOn" . }}
+dra: true
+{{- end }}
 {{- if $w.certManager.enabled }}
 tlsCertFile: /etc/gpushare-webhook-tls/tls.crt
 tlsKeyFile: /etc/gpushare-webhook-tls/tls.key

@@ -94,7 +94,7 @@ def test_dra_mode_with_kube_schedulers_placement_installs_the_driver_and_no_exte
 
 def test_dra_mode_places_claims_by_the_policy_through_a_filter_only_extender(dra_docs: list[Obj]) -> None:
     deployments = [d["metadata"]["name"] for d in h.objects(dra_docs, "Deployment")]
-    assert deployments == ["gpushare-scheduler"]
+    assert deployments == ["gpushare-scheduler", "gpushare-webhook"]
     configs = {c["metadata"]["name"]: c for c in h.objects(dra_docs, "ConfigMap")}
     program = yaml.safe_load(configs["gpushare-config"]["data"]["config.yaml"])
     assert program["scheduler"]["dra"] is True
@@ -108,6 +108,23 @@ def test_dra_mode_places_claims_by_the_policy_through_a_filter_only_extender(dra
             "verbs": ["get", "list", "watch"]} in roles["gpushare-extender"]  # fmt: skip
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
             "verbs": ["get", "list", "watch"]} in roles["gpushare-dra-plugin"]  # fmt: skip
+
+
+def test_the_webhook_sends_pods_with_our_claims_to_the_scheduler_without_blocking_others(
+    dra_docs: list[Obj],
+) -> None:
+    (mutating,) = h.objects(dra_docs, "MutatingWebhookConfiguration")
+    hooks = {w["name"]: w for w in mutating["webhooks"]}
+    claims = hooks["claims-scheduler.gpushare.io"]
+    assert claims["failurePolicy"] == "Ignore"  # pods with other drivers' claims never wait on us
+    conditions = {c["name"]: c["expression"] for c in claims["matchConditions"]}
+    assert conditions["names-claims"].startswith("has(object.spec.resourceClaims) && !(")
+    assert hooks["scheduler.gpushare.io"]["failurePolicy"] == "Fail"
+    configs = {c["metadata"]["name"]: c for c in h.objects(dra_docs, "ConfigMap")}
+    assert yaml.safe_load(configs["gpushare-config"]["data"]["config.yaml"])["webhook"]["dra"] is True
+    roles = {r["metadata"]["name"]: r["rules"] for r in h.objects(dra_docs, "ClusterRole")}
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "verbs": ["get"]} in roles["gpushare-webhook"]  # fmt: skip
 
 
 def test_both_modes_bind_through_the_extender_and_place_claims_too(both_docs: list[Obj]) -> None:
@@ -383,7 +400,8 @@ def test_slice_writes_are_node_scoped_by_policy(dra_docs: list[Obj]) -> None:
 def test_no_rbac_no_policy(helm: Any) -> None:
     docs = render("dra", **{"rbac.create": False, "serviceAccount.create": False})
     scheduler = {"Deployment", "Service", "PodDisruptionBudget"}  # the extender of dra.placement policy
-    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass", "ConfigMap", *scheduler}
+    webhook = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}  # and the webhook
+    assert {d["kind"] for d in docs} == {"DaemonSet", "DeviceClass", "ConfigMap", *scheduler, *webhook}
 
 
 @pytest.mark.parametrize("mode", ["dra", "both"])
