@@ -222,7 +222,7 @@ def test_helm_install_in_dra_mode(cluster: ControlPlane, version: tuple[str, int
         out = run_helm(*args).stdout
         notes = out.split("NOTES:", 1)[1]
         assert "DRA (mode dra)" in notes and "resourceslices --field-selector spec.driver=gpushare.io" in notes
-        assert "schedulerName: gpushare-scheduler" not in notes, "no extender in DRA mode"
+        assert "the admission webhook sets that schedulerName on pods whose" in notes  # dra.placement policy
         ds = json.loads(
             cluster.kubectl("get", "daemonset", "-n", ns, f"{release}-gpushare-dra-plugin", "-o", "json").stdout
         )
@@ -232,7 +232,13 @@ def test_helm_install_in_dra_mode(cluster: ControlPlane, version: tuple[str, int
         if owned:
             dc = json.loads(cluster.kubectl("get", "deviceclass", DRIVER, "-o", "json").stdout)
             assert dc["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
-        assert not json.loads(cluster.kubectl("get", "deployments", "-n", ns, "-o", "json").stdout)["items"]
+        deployments = json.loads(cluster.kubectl("get", "deployments", "-n", ns, "-o", "json").stdout)["items"]
+        names = sorted(d["metadata"]["name"] for d in deployments)
+        assert names == [f"{release}-gpushare-scheduler", f"{release}-gpushare-webhook"]  # filter-only extender
+        sched_config = cluster.kubectl(
+            "get", "configmap", "-n", ns, f"{release}-gpushare-scheduler-config", "-o", "jsonpath={.data.*}"
+        ).stdout
+        assert "bindVerb" not in sched_config and "filterVerb: filter" in sched_config
     finally:
         run_helm("uninstall", release, "--namespace", ns, "--kubeconfig", str(cluster.admin_kubeconfig), "--wait")
     gone = cluster.kubectl("get", "daemonset", "-n", ns, f"{release}-gpushare-dra-plugin", check=False)
