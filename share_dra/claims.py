@@ -70,6 +70,11 @@ def quantity_bytes(text: str) -> int:
     return int(value.to_integral_value(rounding="ROUND_CEILING"))
 
 
+def _device_json(d: AllocatedDevice | PreparedDevice, **fields: Any) -> dict[str, Any]:
+    """A device of a claim as the checkpoint keeps it: where it is, what we add, its share."""
+    return {"request": d.request, "pool": d.pool, "device": d.device, **fields, "shareID": d.share_id}
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
     """One device the scheduler allocated to a claim, and how much of its memory the claim consumed."""
@@ -81,13 +86,7 @@ class AllocatedDevice:
     share_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "pool": self.pool,
-            "device": self.device,
-            "memoryMiB": self.memory_mib,
-            "shareID": self.share_id,
-        }
+        return _device_json(self, memoryMiB=self.memory_mib)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> AllocatedDevice:
@@ -168,13 +167,7 @@ class PreparedDevice:
     share_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "pool": self.pool,
-            "device": self.device,
-            "cdiDeviceIDs": list(self.cdi_device_ids),
-            "shareID": self.share_id,
-        }
+        return _device_json(self, cdiDeviceIDs=list(self.cdi_device_ids))
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PreparedDevice:

@@ -22,8 +22,6 @@ from share_core.contract import (
     DRA_DRIVER_NAME,
     DRA_UNHEALTHY_MODES,
     DRA_UNHEALTHY_WITHDRAW,
-    HARD_LIMIT_AUTO,
-    HARD_LIMIT_MODES,
     MemoryUnit,
 )
 from share_node.backend.options import add_agent_args, add_backend_args, open_backend
@@ -75,20 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
     p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
     p.add_argument(
-        "--hard-limit",
-        choices=list(HARD_LIMIT_MODES),
-        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
-        help="a hard GPU memory limit per pod (its claims' capacity), enforced by the NVIDIA driver per cgroup "
-        "(R615+, cgroup v2, not MIG): auto (where supported, else say why), cgroup (required), off",
-    )
-    p.add_argument(
         "--policy",
         default=env("GPUSHARE_POLICY", ""),
         choices=["", *sorted(POLICIES)],
         help="list the GPUs in this placement policy's order, kept as claims come and go, so kube-scheduler's "
         "first fit takes the GPU the policy would (watches every ResourceClaim); empty (default): index order",
     )
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     return p
 
 

@@ -16,8 +16,6 @@ from share_core.contract import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DEVICE_LIST_ENVVAR,
     DEVICE_LIST_STRATEGIES,
-    HARD_LIMIT_AUTO,
-    HARD_LIMIT_MODES,
     RESOURCE_COUNT,
     RESOURCE_MEM,
     MemoryUnit,
@@ -89,14 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("GPUSHARE_SIM_PROCESSES_FILE"),
         help='sim backend: JSON list of simulated GPU processes [{"pid": N, "gpu": index, "usedMiB": N}], polled',
     )
-    p.add_argument(
-        "--hard-limit",
-        choices=list(HARD_LIMIT_MODES),
-        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
-        help="a hard GPU memory limit per pod, enforced by the NVIDIA driver per cgroup (R615+, cgroup v2, not MIG): "
-        "auto (where supported, else say why and fall back), cgroup (required: refuse to start without), off",
-    )
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
     p.add_argument(
         "--unpublish",
         action="store_true",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from share_core.contract import DEFAULT_CGROUP_ROOT
+from share_core.contract import DEFAULT_CGROUP_ROOT, HARD_LIMIT_AUTO, HARD_LIMIT_MODES
 from share_node.backend import GpuBackend
 from share_node.hardlimit import MemoryLimits
 
@@ -18,10 +18,20 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def add_agent_args(p: argparse.ArgumentParser) -> None:
-    """What every node agent is told first: the node it serves and how it reaches the API server."""
+    """What every node agent is told: the node it serves, how it reaches the API server, whether the
+    driver holds each pod to its share (the hard limit), how much it logs."""
     env = os.environ.get
     p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
+    p.add_argument(
+        "--hard-limit",
+        choices=list(HARD_LIMIT_MODES),
+        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
+        help="a hard GPU memory limit per pod (its share of each GPU), enforced by the NVIDIA driver per cgroup "
+        "(R615+, cgroup v2, not MIG): auto (where supported, else say why and fall back), cgroup (required: "
+        "refuse to start without), off",
+    )
+    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
