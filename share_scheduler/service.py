@@ -186,6 +186,9 @@ class Extender:
             # kube-scheduler only logs a failed prioritize; 400 keeps our scores out of the sum.
             return 400, {"Error": str(exc)}
         _, demand = wanted
+        claims = self.claims.demand(args.pod, demand) if self.claims is not None else None
+        if claims is not None and claims.demand is not None:
+            demand = claims.demand  # a DRA pod: ranked with its claims' GPUs
         entries = self.cache.entries(args.names)
         return 200, prioritize(self.policy, demand, entries, self.memo, self.binder.policy_lock)
 
