@@ -163,3 +163,13 @@ def test_a_pod_sharing_an_allocated_claim_asks_nothing_more(dra_extender: Extend
     status, answer = dra_extender.filter(orjson.dumps(filter_args(claim_pod("second", "shared"), ["n1", "n2"])))
     assert status == 200 and answer["Error"] == ""
     assert dra_extender.cache.usage()["n1"] == {0: 8, 1: 0}  # nothing held for a claim already allocated
+
+
+def test_prioritize_ranks_a_claim_pod_by_its_gpus(dra_extender: Extender) -> None:
+    kube: FakeKube = dra_extender.kube  # type: ignore[assignment]
+    kube.put_object(CLAIMS, allocated(memory_claim("default", "old", 12), "n2", "gpu-0", "12Gi"))
+    kube.put_object(CLAIMS, memory_claim("default", "c", 4))
+    wait_until(lambda: dra_extender.cache.usage()["n2"][0] == 12, what="the allocated claim counted")
+    status, scores = dra_extender.prioritize(orjson.dumps(filter_args(claim_pod("p", "c"), ["n1", "n2"])))
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert status == 200 and by_host["n2"] > by_host["n1"]  # binpack: 4 GiB fits the fuller GPU exactly
