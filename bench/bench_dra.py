@@ -172,7 +172,9 @@ def run_dra_scenario(
     cp.stop_scheduler()
     delete_all_pods(admin)
     admin.request("DELETE", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
-    wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims")
+    # Each allocated claim's finalizer goes once the resourceclaim controller (client QPS 20) sees its pod
+    # gone: 2,000 claims take minutes on a loaded machine.
+    wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims", timeout=900)
     print(f"# dra: fullest GPU {fullest:.3f} of its memory", file=sys.stderr)
     return {
         "label": f"dra (kube-scheduler{' + extender --dra binpack' if extender else ''}, {claims})",
