@@ -136,13 +136,14 @@ def run_dra_scenario(
     gib: int,
     claims: str,
     extender: tuple[ManagedProcess, str] | None = None,
+    nodes_to_score: int = 100,
 ) -> dict[str, Any]:
     """M pods (and, with `claims` direct, their M claims) created at once; kube-scheduler alone allocates
     and binds them. `claims` template: kube-controller-manager's resourceclaim controller makes each claim
     from the pod's ResourceClaimTemplate, as in production (bounded by its own client QPS). `extender`:
     (its process, its URL) with --dra, called to filter by the gpushare-scheduler profile (mode dra)."""
     if extender is not None:
-        sched = cp.start_scheduler(dra_extender_config(qps, extender[1]))
+        sched = cp.start_scheduler(dra_extender_config(qps, extender[1], nodes_to_score))
     else:
         sched = cp.start_scheduler(scheduler_config(qps))
     time.sleep(2.0)
@@ -177,7 +178,8 @@ def run_dra_scenario(
     wait_gone(admin, f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims", timeout=900)
     print(f"# dra: fullest GPU {fullest:.3f} of its memory", file=sys.stderr)
     return {
-        "label": f"dra (kube-scheduler{' + extender --dra binpack' if extender else ''}, {claims})",
+        "label": f"dra (kube-scheduler{f' + extender --dra binpack, {nodes_to_score}% of nodes' if extender else ''}, "
+        f"{claims})",
         "qps": qps,
         **burst,
         "extender_ms": {},
@@ -197,23 +199,29 @@ def throughput(args: argparse.Namespace, cp: ControlPlane, admin: ApiServerClien
     # Allocated claims carry a finalizer the resourceclaim controller removes once their pod is gone.
     cp.start_controller_manager(controllers=("resourceclaim-controller",))
     results = []
+    modes = args.modes.split(",")
     for _ in range(args.runs):
-        results.append(run_scenario(Scenario("extender binpack", args.qps, "binpack"), cp, admin, args.pods,
-                                    workdir, args.seed))  # fmt: skip
-        base = {args.qps: results[-1]["pods_per_s"]}  # x = pods/s over the extender's, in this run
-        print(fmt_row(results[-1], base), flush=True)
-        results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims))
-        print(fmt_row(results[-1], base), flush=True)
-        extender = start_dra_extender(cp, workdir, "binpack")
-        try:
-            results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims,
-                                            extender))  # fmt: skip
-        finally:
-            extender[0].stop()
-        print(fmt_row(results[-1], base), flush=True)
+        base: dict[int, float] = {}
+        if "extender" in modes:
+            results.append(run_scenario(Scenario("extender binpack", args.qps, "binpack"), cp, admin, args.pods,
+                                        workdir, args.seed))  # fmt: skip
+            base = {args.qps: results[-1]["pods_per_s"]}  # x = pods/s over the extender's, in this run
+            print(fmt_row(results[-1], base), flush=True)
+        if "dra" in modes:
+            results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims))
+            base = base or {args.qps: results[-1]["pods_per_s"]}
+            print(fmt_row(results[-1], base), flush=True)
+        for share in (int(x) for x in args.nodes_to_score.split(",")) if "dra-extender" in modes else ():
+            extender = start_dra_extender(cp, workdir, "binpack")
+            try:
+                results.append(run_dra_scenario(cp, admin, args.pods, args.seed, args.qps, args.gpu_mem, args.claims,
+                                                extender, share))  # fmt: skip
+            finally:
+                extender[0].stop()
+            print(fmt_row(results[-1], base), flush=True)
 
     def median(prefix: str) -> float:
-        return statistics.median(r["pods_per_s"] for r in results if r["label"].startswith(prefix))
+        return statistics.median([r["pods_per_s"] for r in results if r["label"].startswith(prefix)] or [float("nan")])
 
     ext, dra, dra_ext = median("extender"), median("dra (kube-scheduler,"), median("dra (kube-scheduler +")
     print(f"\n# {args.nodes} nodes, {args.pods} pods, QPS {args.qps}: median pods/s extender {ext:.1f}, "
@@ -425,10 +433,12 @@ def start_dra_extender(cp: ControlPlane, workdir: Path, policy: str) -> tuple[Ma
     return proc, url
 
 
-def dra_extender_config(qps: int, url: str) -> str:
-    """The chart's kube-scheduler configuration in mode dra: our profile, the extender filter-only."""
+def dra_extender_config(qps: int, url: str, nodes_to_score: int = 100) -> str:
+    """The chart's kube-scheduler configuration in mode dra: our profile, the extender filter-only;
+    `nodes_to_score`: its percentageOfNodesToScore (100, the chart's; 0: kube-scheduler's adaptive default)."""
     config = extender_scheduler_config(extender_url=f"{url}/gpushare-scheduler", leader_elect=False, bind=False)
     config["clientConnection"] = {"qps": qps, "burst": qps}
+    config["percentageOfNodesToScore"] = nodes_to_score
     return yaml.safe_dump(config)
 
 
@@ -531,6 +541,10 @@ def main() -> int:
                     help="frag: kube-scheduler's NodeResourcesFit scoring strategy for the DRA replay")  # fmt: skip
     ap.add_argument("--policies", default="binpack,frag,bestfit", help="frag: share-sim policies to compare")
     ap.add_argument("--policy", default="frag", help="placement: the policy of the extender and share-dra")
+    ap.add_argument("--modes", default="extender,dra,dra-extender",
+                    help="throughput: which of extender (device plugin), dra, dra-extender to run")  # fmt: skip
+    ap.add_argument("--nodes-to-score", default="100",
+                    help="dra-extender: percentageOfNodesToScore, one run each (0: adaptive)")  # fmt: skip
     args = ap.parse_args()
     if args.nodes is None:
         args.nodes = {"throughput": 1000, "frag": 40, "placement": 100}[args.what]
