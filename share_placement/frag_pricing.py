@@ -58,6 +58,29 @@ class _RoomsOf(dict):
         return v
 
 
+class _GpuTerms(dict):
+    """(model, free) -> one GPU's part of `fragmentation_units`'s per-group sums when every group is
+    single-GPU, for one CPU class: (sum of ok x usable, of ok x per_gpu x slots, of CPU asked x slots)
+    over the groups the GPU may serve (`ok`: pods of the group whose CPU fits; 0 below a share)."""
+
+    def __init__(self, okw: tuple[tuple[tuple[str, ...], int, int, int], ...]) -> None:
+        super().__init__()
+        self.okw = okw
+
+    def __missing__(self, gpu: tuple[str, int]) -> tuple[int, int, int]:
+        m, f = gpu
+        kept = fill = need = 0
+        for models, per, ok, wcpu in self.okw:
+            if f < per or (models and not model_allowed(models, m)):
+                continue
+            slots = f // per
+            kept += ok * f
+            fill += ok * per * slots
+            need += wcpu * slots
+        v = self[gpu] = (kept, fill, need)
+        return v
+
+
 def one_gpu_price(info: tuple[int, int, int], f: int, per: int, vals: Sequence[int], prefix: tuple[Any, ...]) -> int:
     """The exact price of taking `per` from one GPU with `f` free on a node: the GPU's own part
     (`Pricer.gpu_info`), the keys it keeps room for, and, for the keys it falls below, the node's
@@ -144,6 +167,37 @@ class Pricer:
         self.node_sigs: dict[GpuView, NodeSig] = {}
         self._rooms_of = _RoomsOf(self.all_qs or ())
         self.room_prefixes: dict[tuple[int, ...], RoomPrefix] = {}
+        # With CPU known and every group single-GPU (no keys), `fragmentation_units` is a sum over the
+        # node's GPUs of terms that depend on the GPU and on which classes' CPU fits (`cpu_class`).
+        self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
+        self._gpu_terms: dict[int, _GpuTerms] = {}
+
+    def cpu_class(self, cpu: int) -> int:
+        """Which classes' CPU fits a node with `cpu` free: nodes of one class see the same classes fit
+        (`fragmentation_units`'s `bisect_right(g.cpus, cpu_free)` for every group)."""
+        return bisect_right(self._cpu_breaks, cpu)
+
+    def gpu_terms(self, cls: int) -> _GpuTerms:
+        """(model, free) -> `_GpuTerms` of one GPU for nodes of CPU class `cls`, filled lazily."""
+        d = self._gpu_terms.get(cls)
+        if d is None:
+            thr = self._cpu_breaks[cls - 1] if cls else None
+            okw = []
+            for g in self.table.groups:
+                j = 0 if thr is None else bisect_right(g.cpus, thr)
+                okw.append((g.models, g.per_gpu, g.wcum[j], g.wcpu[j]))
+            d = self._gpu_terms[cls] = _GpuTerms(tuple(okw))
+        return d
+
+    def host_units(self, total: int, kept_usable: int, fill: int, need: int, cpu: int) -> int:
+        """`fragmentation_units` of a node with CPU known and only single-GPU groups, from the sums of
+        its GPUs' `_GpuTerms` (`kept_usable`, `fill`, `need`) under its CPU class: the same integers."""
+        table = self.table
+        if total == 0 or not table.groups:
+            return 0
+        if need > cpu * table.weight:
+            fill = fill * cpu * table.weight // need
+        return total * self.total_w - (self.keep_w * kept_usable + self.wa * fill)
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
