@@ -494,42 +494,42 @@ class FragPolicy(ViewPolicy):
         per = demand.per_gpu
         cpu_after = cpu_free - demand.cpu
         cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
-        terms = pricer.gpu_terms(cls)
-        kept = fill = need = total = 0
-        for g in gpus:
-            k, a, n = terms[g]
-            kept += k
-            fill += a
-            need += n
-            total += g[1]
+        total, kept, fill, need = pricer.node_sums(gpus, cls)
         before = pricer.host_units(total, kept, fill, need, cpu_free)
         if cls_after != cls:
-            terms = pricer.gpu_terms(cls_after)
-            kept = fill = need = 0
-            for g in gpus:
-                k, a, n = terms[g]
-                kept += k
-                fill += a
-                need += n
+            _, kept, fill, need = pricer.node_sums(gpus, cls_after)
         if self.host_quantile is not None and pricer.host_needs is None:
             pricer.host_needs = self.host_needs()
         gp = pricer.gap_prices()
         hosted = gp is not None and pricer.host_needs is not None
         stranded = 0  # `Pricer._stranded` over every partly used GPU of the node
-        host_value = None
+        moved = False
         if hosted:
             assert gp is not None
-            host_value, cap = gp.host_value, gp.capacity
+            cap = gp.capacity
             before_set = pricer.hostable(cpu_free, mem_free)
             after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
             if before_set is not after_set:
-                stranded = sum(host_value(f, before_set) - host_value(f, after_set) for _, f in gpus if 0 < f < cap)
+                moved = True
+                hv = pricer.host_value
+                stranded = sum(hv(f, before_set) - hv(f, after_set) for _, f in gpus if 0 < f < cap)
         if demand.count == 0:
             after = pricer.host_units(total, kept, fill, need, cpu_after)
             if stranded:
                 assert gp is not None
                 after += pricer._host_units(stranded, gp)
             return self._finish(after - before, 0, (), gpus, per, cpu_after, total)
+        # What taking `per` from a GPU changes in the node's sums, and its own gap price part: per
+        # (model, free), the same on every node of these CPU class and hostable sets.
+        sets = (before_set, after_set) if hosted else (None, None)
+        moves = pricer.share_moves(cls_after, per, *sets)
+        # `host_units` after the share, written out (one call per candidate is most of the cost).
+        total_after = total - per
+        weight = pricer.table.weight
+        over = cpu_after * weight
+        base = total_after * pricer.total_w
+        keep_w, wa = pricer.keep_w, pricer.wa
+        host_units = pricer._host_units
         best_d = best_left = best_i = 0
         best = False
         seen = set()
@@ -539,22 +539,26 @@ class FragPolicy(ViewPolicy):
             if g in seen:
                 continue
             seen.add(g)
-            m, f = g
-            a = f - per
-            k0, a0, n0 = terms[g]
-            k1, a1, n1 = terms[(m, a)]
-            d = pricer.host_units(total - per, kept - k0 + k1, fill - a0 + a1, need - n0 + n1, cpu_after) - before
-            if not hosted:
-                d += pricer.gap(f, per)
+            move = moves.get(g)
+            if move is None:
+                move = pricer.share_move(moves, g, per, cls_after, *sets)
+            dk, dfill, dneed, own, strand = move
+            if total_after == 0:
+                d = -before
             else:
-                v = stranded
-                if before_set is not after_set and 0 < f < cap:
-                    v -= host_value(f, before_set) - host_value(f, after_set)  # type: ignore[misc]
+                f1, n1 = fill + dfill, need + dneed
+                if n1 > over:
+                    f1 = f1 * over // n1
+                d = base - (keep_w * (kept + dk) + wa * f1) - before
+            if not hosted:
+                d += own
+            else:
+                v = stranded - strand if moved else 0
                 if priced:
-                    v += host_value(f, before_set) - host_value(a, after_set) - gp.price_units(per)  # type: ignore[misc, union-attr]
-                    d += pricer._host_units(v, gp)  # type: ignore[arg-type]
+                    d += host_units(v + own, gp)  # type: ignore[arg-type]
                 elif v:
-                    d += pricer._host_units(v, gp)  # type: ignore[arg-type]
+                    d += host_units(v, gp)  # type: ignore[arg-type]
+            a = g[1] - per
             if not best or d < best_d or (d == best_d and a < best_left):
                 best_d, best_left, best_i, best = d, a, i, True
         if not best:
