@@ -69,6 +69,8 @@ class FragPolicy(ViewPolicy):
         if host_quantile is not None and not 0.0 <= host_quantile <= 1.0:
             raise ValueError("frag: host_quantile must be in [0, 1] (or None: the gap price ignores CPU)")
         self.host_quantile = host_quantile
+        # `_evaluate_host`, the one-pass path with CPU known; False: every candidate recounted (tests).
+        self.fast_host = True
         # (per_gpu, cpu, memory) -> single-GPU pods observed: what a share size's pods ask of a host.
         self._share_asks: dict[tuple[int, int, int], int] = {}
         self.fill_weight = fill_weight
@@ -478,6 +480,91 @@ class FragPolicy(ViewPolicy):
             delta_f += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
         return -(delta_f + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
+    def _evaluate_host(self, view: NodeView, demand: Demand, elig: list[int], pricer: Pricer) -> Evaluation:
+        """`_evaluate` with CPU known, for a CPU-only or single-GPU demand when every learned group is
+        single-GPU: the same candidates, the same exact integer prices, in one pass over the GPUs.
+
+        `fragmentation_units` is then a sum over the node's GPUs (`Pricer.gpu_terms`, memoised per
+        (model, free) and CPU class) and one division for the node's CPU; a candidate changes one
+        GPU's terms. The host-aware gap price's stranded part is a sum over the node's partly used GPUs
+        less the candidate's own. The general path recounts both per candidate (tests/unit/placement:
+        `test_host_fast_path_*` check the two give the same evaluation)."""
+        gpus, cpu_free, mem_free = view
+        assert cpu_free is not None
+        per = demand.per_gpu
+        cpu_after = cpu_free - demand.cpu
+        cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
+        total, kept, fill, need = pricer.node_sums(gpus, cls)
+        before = pricer.host_units(total, kept, fill, need, cpu_free)
+        if cls_after != cls:
+            _, kept, fill, need = pricer.node_sums(gpus, cls_after)
+        if self.host_quantile is not None and pricer.host_needs is None:
+            pricer.host_needs = self.host_needs()
+        gp = pricer.gap_prices()
+        hosted = gp is not None and pricer.host_needs is not None
+        stranded = 0  # `Pricer._stranded` over every partly used GPU of the node
+        moved = False
+        if hosted:
+            assert gp is not None
+            cap = gp.capacity
+            before_set = pricer.hostable(cpu_free, mem_free)
+            after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
+            if before_set is not after_set:
+                moved = True
+                hv = pricer.host_value
+                stranded = sum(hv(f, before_set) - hv(f, after_set) for _, f in gpus if 0 < f < cap)
+        if demand.count == 0:
+            after = pricer.host_units(total, kept, fill, need, cpu_after)
+            if stranded:
+                assert gp is not None
+                after += pricer._host_units(stranded, gp)
+            return self._finish(after - before, 0, (), gpus, per, cpu_after, total)
+        # What taking `per` from a GPU changes in the node's sums, and its own gap price part: per
+        # (model, free), the same on every node of these CPU class and hostable sets.
+        sets = (before_set, after_set) if hosted else (None, None)
+        moves = pricer.share_moves(cls_after, per, *sets)
+        # `host_units` after the share, written out (one call per candidate is most of the cost).
+        total_after = total - per
+        weight = pricer.table.weight
+        over = cpu_after * weight
+        base = total_after * pricer.total_w
+        keep_w, wa = pricer.keep_w, pricer.wa
+        host_units = pricer._host_units
+        best_d = best_left = best_i = 0
+        best = False
+        seen = set()
+        priced = hosted and per in gp.price  # type: ignore[union-attr]
+        for i in elig:
+            g = gpus[i]
+            if g in seen:
+                continue
+            seen.add(g)
+            move = moves.get(g)
+            if move is None:
+                move = pricer.share_move(moves, g, per, cls_after, *sets)
+            dk, dfill, dneed, own, strand = move
+            if total_after == 0:
+                d = -before
+            else:
+                f1, n1 = fill + dfill, need + dneed
+                if n1 > over:
+                    f1 = f1 * over // n1
+                d = base - (keep_w * (kept + dk) + wa * f1) - before
+            if not hosted:
+                d += own
+            else:
+                v = stranded - strand if moved else 0
+                if priced:
+                    d += host_units(v + own, gp)  # type: ignore[arg-type]
+                elif v:
+                    d += host_units(v, gp)  # type: ignore[arg-type]
+            a = g[1] - per
+            if not best or d < best_d or (d == best_d and a < best_left):
+                best_d, best_left, best_i, best = d, a, i, True
+        if not best:
+            return None
+        return self._finish(best_d, best_left, (best_i,), gpus, per, cpu_after, total)
+
     def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         pricer = self._pricer
         if view[1] is None:
@@ -488,6 +575,8 @@ class FragPolicy(ViewPolicy):
         if elig is None:
             return None
         gpus, cpu_free, _ = view
+        if cpu_free is not None and demand.count <= 1 and not pricer.keys and self.fast_host:
+            return self._evaluate_host(view, demand, elig, pricer)
         table = pricer.table
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu
         node_free = sum(f for _, f in gpus)

@@ -58,6 +58,29 @@ class _RoomsOf(dict):
         return v
 
 
+class _GpuTerms(dict):
+    """(model, free) -> one GPU's part of `fragmentation_units`'s per-group sums when every group is
+    single-GPU, for one CPU class: (sum of ok x usable, of ok x per_gpu x slots, of CPU asked x slots)
+    over the groups the GPU may serve (`ok`: pods of the group whose CPU fits; 0 below a share)."""
+
+    def __init__(self, okw: tuple[tuple[tuple[str, ...], int, int, int], ...]) -> None:
+        super().__init__()
+        self.okw = okw
+
+    def __missing__(self, gpu: tuple[str, int]) -> tuple[int, int, int]:
+        m, f = gpu
+        kept = fill = need = 0
+        for models, per, ok, wcpu in self.okw:
+            if f < per or (models and not model_allowed(models, m)):
+                continue
+            slots = f // per
+            kept += ok * f
+            fill += ok * per * slots
+            need += wcpu * slots
+        v = self[gpu] = (kept, fill, need)
+        return v
+
+
 def one_gpu_price(info: tuple[int, int, int], f: int, per: int, vals: Sequence[int], prefix: tuple[Any, ...]) -> int:
     """The exact price of taking `per` from one GPU with `f` free on a node: the GPU's own part
     (`Pricer.gpu_info`), the keys it keeps room for, and, for the keys it falls below, the node's
@@ -111,6 +134,8 @@ class Pricer:
         self.host_needs: dict[int, tuple[int, int]] | None = None
         self._hostable: dict[tuple[int, int | None], frozenset[int]] = {}
         self._interned: dict[frozenset[int], frozenset[int]] = {}
+        self._need_breaks: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+        self._hostable_cls: dict[tuple[int, int | None], frozenset[int]] = {}
         self._host_gaps: dict[int, int] = {}
         self.wa, self.keep_w = wa, wb - wa
         self.total_w = table.weight * wb  # units per unit of free capacity
@@ -144,6 +169,109 @@ class Pricer:
         self.node_sigs: dict[GpuView, NodeSig] = {}
         self._rooms_of = _RoomsOf(self.all_qs or ())
         self.room_prefixes: dict[tuple[int, ...], RoomPrefix] = {}
+        # With CPU known and every group single-GPU (no keys), `fragmentation_units` is a sum over the
+        # node's GPUs of terms that depend on the GPU and on which classes' CPU fits (`cpu_class`).
+        self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
+        self._gpu_terms: dict[int, _GpuTerms] = {}
+        self._node_sums: dict[tuple[GpuView, int], tuple[int, int, int, int]] = {}
+        self._host_values: dict[tuple[int, frozenset[int]], int] = {}
+        self._share_moves: dict[tuple[int, int, frozenset[int] | None, frozenset[int] | None], dict] = {}
+
+    def cpu_class(self, cpu: int) -> int:
+        """Which classes' CPU fits a node with `cpu` free: nodes of one class see the same classes fit
+        (`fragmentation_units`'s `bisect_right(g.cpus, cpu_free)` for every group)."""
+        return bisect_right(self._cpu_breaks, cpu)
+
+    def gpu_terms(self, cls: int) -> _GpuTerms:
+        """(model, free) -> `_GpuTerms` of one GPU for nodes of CPU class `cls`, filled lazily."""
+        d = self._gpu_terms.get(cls)
+        if d is None:
+            thr = self._cpu_breaks[cls - 1] if cls else None
+            okw = []
+            for g in self.table.groups:
+                j = 0 if thr is None else bisect_right(g.cpus, thr)
+                okw.append((g.models, g.per_gpu, g.wcum[j], g.wcpu[j]))
+            d = self._gpu_terms[cls] = _GpuTerms(tuple(okw))
+        return d
+
+    def host_units(self, total: int, kept_usable: int, fill: int, need: int, cpu: int) -> int:
+        """`fragmentation_units` of a node with CPU known and only single-GPU groups, from the sums of
+        its GPUs' `_GpuTerms` (`kept_usable`, `fill`, `need`) under its CPU class: the same integers."""
+        table = self.table
+        if total == 0 or not table.groups:
+            return 0
+        if need > cpu * table.weight:
+            fill = fill * cpu * table.weight // need
+        return total * self.total_w - (self.keep_w * kept_usable + self.wa * fill)
+
+    def node_sums(self, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
+        """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs), memoised per node state."""
+        key = (gpus, cls)
+        v = self._node_sums.get(key)
+        if v is None:
+            terms = self.gpu_terms(cls)
+            kept = fill = need = total = 0
+            for g in gpus:
+                k, a, n = terms[g]
+                kept += k
+                fill += a
+                need += n
+                total += g[1]
+            if len(self._node_sums) >= MEMO_LIMIT:
+                self._node_sums.clear()
+            v = self._node_sums[key] = (total, kept, fill, need)
+        return v
+
+    def host_value(self, free: int, sizes: frozenset[int]) -> int:
+        """`GapPrices.host_value`, memoised per (free, interned set)."""
+        key = (free, sizes)
+        v = self._host_values.get(key)
+        if v is None:
+            gp = self._gap_prices
+            assert gp is not None
+            v = self._host_values[key] = gp.host_value(free, sizes)
+        return v
+
+    def share_moves(
+        self, cls: int, per: int, before: frozenset[int] | None, after: frozenset[int] | None
+    ) -> dict[tuple[str, int], tuple[int, int, int, int, int]]:
+        """(model, free) -> `share_move`, one dict per (CPU class after, share size, hostable sets)."""
+        key = (cls, per, before, after)
+        d = self._share_moves.get(key)
+        if d is None:
+            if len(self._share_moves) >= 1024:
+                self._share_moves.clear()
+            d = self._share_moves[key] = {}
+        return d
+
+    def share_move(
+        self,
+        moves: dict,
+        gpu: tuple[str, int],
+        per: int,
+        cls: int,
+        before: frozenset[int] | None,
+        after: frozenset[int] | None,
+    ) -> tuple[int, int, int, int, int]:
+        """What a share of `per` on `gpu` changes, whatever node it is on (nodes of CPU class `cls`
+        after it, and the hostable sets `moves` belongs to): the change of the node's three
+        `gpu_terms` sums; the gap price's own part (`gap` without host sets, else the GPU's
+        host-aware loss in 1 / denominator units, K before less K after less the price); and what
+        the GPU itself adds to the node's stranded sum (subtracted: it is the chosen one)."""
+        m, f = gpu
+        terms = self.gpu_terms(cls)
+        k0, a0, n0 = terms[gpu]
+        k1, a1, n1 = terms[(m, f - per)]
+        if before is None or after is None:
+            own = self.gap(f, per)
+            strand = 0
+        else:
+            gp = self._gap_prices
+            assert gp is not None
+            own = self.host_value(f, before) - self.host_value(f - per, after) - gp.price_units(per)
+            strand = self.host_value(f, before) - self.host_value(f, after) if 0 < f < gp.capacity else 0
+        v = moves[gpu] = (k1 - k0, a1 - a0, n1 - n0, own, strand)
+        return v
 
     def value(self, model: str, free: int) -> int:
         """What all single-GPU groups keep of one GPU of `model` with `free` units."""
@@ -206,10 +334,21 @@ class Pricer:
         if got is None:
             gp, needs = self._gap_prices, self.host_needs
             assert gp is not None and needs is not None
-            got = frozenset(
-                s for s, (c, m) in needs.items() if s in gp.priced and c <= cpu and (memory is None or m <= memory)
-            )
-            got = self._interned.setdefault(got, got)  # one object per set: `host_gap` compares by identity
+            breaks = self._need_breaks
+            if breaks is None:
+                breaks = self._need_breaks = (
+                    tuple(sorted({c for c, _ in needs.values()})),
+                    tuple(sorted({m for _, m in needs.values()})),
+                )
+            # The set depends only on which of the needs' CPU and memory values the node reaches.
+            cls = (bisect_right(breaks[0], cpu), None if memory is None else bisect_right(breaks[1], memory))
+            got = self._hostable_cls.get(cls)
+            if got is None:
+                got = frozenset(
+                    s for s, (c, m) in needs.items() if s in gp.priced and c <= cpu and (memory is None or m <= memory)
+                )
+                got = self._interned.setdefault(got, got)  # one object per set: `host_gap` compares by identity
+                self._hostable_cls[cls] = got
             if len(self._hostable) >= 100_000:
                 self._hostable.clear()
             self._hostable[key] = got

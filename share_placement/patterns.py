@@ -171,6 +171,7 @@ class GapPrices:
         self.priced = frozenset(priced)
         # K over a subset of the sizes (`host_value`), one table per subset met.
         self._subsets: dict[frozenset[int], tuple[list[int], list[int], list[int]]] = {}
+        self._price_units: dict[int, int] = {}
 
     @staticmethod
     def _extend(best: list[int], sizes: list[int], values: list[int], r_max: int) -> None:
@@ -196,8 +197,11 @@ class GapPrices:
 
     def price_units(self, size: int) -> int:
         """pi(size) in 1 / `denominator` units (0 for a size with no price)."""
-        p = self.price.get(size)
-        return 0 if p is None else int(p * self._den)
+        v = self._price_units.get(size)
+        if v is None:
+            p = self.price.get(size)
+            v = self._price_units[size] = 0 if p is None else int(p * self._den)
+        return v
 
     def host_value(self, free: int, sizes: frozenset[int]) -> int:
         """K(free) over only `sizes` (a subset of `priced`), in 1 / `denominator` units: what a gap is
