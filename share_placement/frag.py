@@ -2,6 +2,10 @@
 
 The prices live in `share_placement.frag_pricing`; this module decides: which GPUs on a node, the
 memoised and indexed fast paths, and the ties.
+
+One piece: the decision paths (the full recount, the memoised and indexed paths, the host fast path)
+must choose alike; they stand side by side so that a change to one is made to all (the placement tests
+compare them choice for choice).
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@ incrementally (O(1) per changed GPU) and exactly (integers), so equal placements
 
 The decisions that use these prices are `share_placement.frag.FragPolicy`'s; docs/simulator.md explains
 each item of the price.
+
+One piece: the exact prices and the caches that answer for them share one encoding of a node's state
+(per model, free units, CPU bracket); a cache kept apart from the arithmetic whose integers it must give
+back exactly (tests/unit/placement/test_frag_pricing.py compares them) would drift from it.
 """
 
 from __future__ import annotations
