@@ -1,0 +1,101 @@
+"""frag's host fast path (`FragPolicy._evaluate_host`, single-GPU classes with CPU known) decides exactly
+as the full recount: the same score and GPUs on random nodes, the same node pod after pod."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from share_placement import Demand, FragPolicy
+from tests.unit.placement.test_frag_pricing import (
+    MODELS,
+    first_best,
+    random_gpus,
+    random_table,
+    reference_evaluate,
+    taught,
+)
+
+
+def single_gpu_table(rng: random.Random, unit: int) -> dict:
+    """A learned workload of single-GPU classes only (the case `FragPolicy._evaluate_host` takes)."""
+    return {k: n for k, n in random_table(rng, unit, cpu=True).items() if k[1] == 1} or {(unit // 4, 1, (), 2000): 3.0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_host_fast_path_evaluates_as_the_recount(seed):
+    """With CPU known: the one-pass path (`_evaluate_host`) gives the very evaluation the general path
+    gives (every candidate recounted), and both equal the reference recount, for CPU-only and
+    single-GPU demands on random nodes, with and without the host-aware gap price."""
+    rng = random.Random(100 + seed)
+    taken = 0
+    for _ in range(40):
+        unit = rng.choice((80, 1000))
+        fast = FragPolicy(host_quantile=rng.choice((0.5, 0.5, None)))
+        slow = FragPolicy(host_quantile=fast.host_quantile)
+        slow.fast_host = False
+        table = single_gpu_table(rng, unit)
+        observed = taught(fast, table, random.Random(seed), cpu=True)
+        taught(slow, table, random.Random(seed), cpu=True)
+        for _ in range(40):
+            view = (
+                random_gpus(rng, unit),
+                rng.choice((0, 1500, 2000, 7999, 8000, 30000, 64000)),
+                rng.choice((None, 0, 1000, 4000, 64000)),
+            )
+            count = rng.choice((0, 1, 1, 1))
+            per = rng.choice((unit // 20, unit // 10, unit // 4, unit // 2, unit)) if count else 0
+            models = (rng.choice(MODELS).lower(),) if rng.random() < 0.2 else ()
+            d = Demand(per, count, models, rng.choice((0, 500, 2000, 4000)), rng.choice((0, 1000, 2000)))
+            assert fast._pricer.keys == ()
+            ev = fast.evaluate(view, d)
+            assert ev == slow.evaluate(view, d), (view, d)
+            if fast.host_quantile is not None:
+                assert ev == reference_evaluate(fast, view, d, observed), (view, d)
+            taken += ev is not None
+    assert taken > 500
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_host_fast_path_picks_the_node_the_recount_picks(seed):
+    """Random clusters, CPU known: the node (highest score, first on ties) and the GPU frag chooses
+    with the one-pass path are those it chooses recounting every candidate, demand after demand as
+    the pods land (so the learned workload and the nodes move)."""
+    rng = random.Random(200 + seed)
+    unit = 80
+    fast, slow = FragPolicy(), FragPolicy()
+    slow.fast_host = False
+    table = single_gpu_table(rng, unit)
+    taught(fast, table, random.Random(seed), cpu=True)
+    taught(slow, table, random.Random(seed), cpu=True)
+    nodes = [
+        [random_gpus(rng, unit), rng.choice((16000, 32000, 64000)), rng.choice((64000, 256000))] for _ in range(60)
+    ]
+    placed = 0
+    for _ in range(300):
+        d = Demand(
+            rng.choice((0, 4, 8, 16, 20, 40, 80)) if rng.random() < 0.8 else 0,
+            1,
+            (),
+            rng.choice((250, 1000, 2000, 4000, 1000 + rng.randrange(50))),
+            rng.choice((512, 2048, 8192)),
+        )
+        if d.per_gpu == 0:
+            d = Demand(0, 0, (), d.cpu, d.memory)
+        views = [(tuple(n[0]), n[1], n[2]) for n in nodes]
+        fast_evs = [fast.evaluate(v, d) for v in views]
+        slow_evs = [slow.evaluate(v, d) for v in views]
+        assert fast_evs == slow_evs
+        best = first_best([None if e is None else e[0] for e in fast_evs])
+        if best is None:
+            continue
+        placed += 1
+        n, (_, chosen) = nodes[best], fast_evs[best]
+        gpus = list(n[0])
+        for i in chosen:
+            gpus[i] = (gpus[i][0], gpus[i][1] - d.per_gpu)
+        n[0], n[1], n[2] = tuple(gpus), n[1] - d.cpu, n[2] - d.memory
+        for p in (fast, slow):
+            p.observe(d)
+    assert placed > 100
