@@ -65,6 +65,12 @@ class ClaimAsk:
     reason: str = ""
 
 
+def ask_units(ask: ClaimAsk, unit_mib: int) -> int:
+    """What one share of an ask consumes, in whole steps of our devices' requestPolicy (`unit_mib`):
+    rounded up to a step; a request naming no memory takes the default, one step."""
+    return -(-ask.mib // unit_mib) if ask.mib else 1
+
+
 def quantity_mib(value: Any, what: str, *, up: bool = False) -> int:
     """A memory quantity ("80Gi", "4096Mi", bytes) in whole MiB: rounded down (what a device offers) or,
     with `up`, up (what a claim takes)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimResult, claim_ask, claim_name, claim_results
+from share_core.dra import ClaimResult, ask_units, claim_ask, claim_name, claim_results
 from share_core.kube import Gone, KubeClient, KubeError
 from share_core.retry import Backoff
 from share_dra.slices import capacity_mib
@@ -84,7 +84,7 @@ class ClaimUsage:
         if ask is None or ask.reason:
             return
         self._seen.add(uid)
-        self.orderer.observe(Demand(per_gpu=max(-(-ask.mib // self.unit.mib), 1), count=ask.count))
+        self.orderer.observe(Demand(per_gpu=ask_units(ask, self.unit.mib), count=ask.count))
 
     def apply(self, obj: Mapping[str, Any], deleted: bool = False, learn: bool = True) -> bool:
         """One claim as the watch brings it; True when this node's usage changed."""

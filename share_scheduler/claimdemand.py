@@ -20,7 +20,7 @@ from cachetools import TTLCache
 
 from share_core.assignment import pod_key
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimAsk, merge_asks, pod_claim_names
+from share_core.dra import ClaimAsk, ask_units, merge_asks, pod_claim_names
 from share_core.kube import KubeClient, KubeError, NotFound
 from share_placement import Demand
 from share_placement.draorder import first_fit
@@ -91,8 +91,7 @@ class ClaimDemands:
         if merged.reason:
             self._tell(key, f"{merged.reason}; kube-scheduler's allocator places it, not the policy")
             return PodClaims(None, ())
-        per_gpu = -(-merged.mib // self.unit.mib) if merged.mib else 1  # no memory asked: the device's default step
-        demand = Demand(per_gpu, merged.count, merged.models, host.cpu, host.memory)
+        demand = Demand(ask_units(merged, self.unit.mib), merged.count, merged.models, host.cpu, host.memory)
         return PodClaims(demand, tuple(pending))
 
     def hold(self, pod: Mapping[str, Any], node: str, claims: PodClaims) -> None:

@@ -53,6 +53,9 @@ class DraIndex:
         self.slices: dict[str, SliceEntry] = {}
         self.claims: dict[str, ClaimEntry] = {}
         self._by_pool: dict[str, set[str]] = {}  # pool -> claims with results in it
+        # Indexes over `slices`, so a claim or a node is looked up, never found by a scan of every slice.
+        self._node_slices: dict[str, set[str]] = {}  # node -> names of its slices
+        self._devices: dict[tuple[str, str], tuple[str, DraGpu]] = {}  # (pool, device) -> (node, GPU)
 
     # -- slices ----------------------------------------------------------------------------------
 
@@ -60,10 +63,9 @@ class DraIndex:
         """The node's GPUs in the resource unit (rounded down), and their indices in slice order (the
         order the allocator walks: slices by name, devices in array order)."""
         gpus: list[GpuInfo] = []
-        for name in sorted(self.slices):
+        for name in sorted(self._node_slices.get(node, ())):
             s = self.slices[name]
-            if s.node == node:
-                gpus += [GpuInfo(g.index, g.uuid, g.model, g.memory_mib // self.unit.mib, g.healthy) for g in s.gpus]
+            gpus += [GpuInfo(g.index, g.uuid, g.model, g.memory_mib // self.unit.mib, g.healthy) for g in s.gpus]
         order = tuple(g.index for g in gpus)
         return tuple(sorted(gpus, key=lambda g: g.index)), order
 
@@ -74,6 +76,12 @@ class DraIndex:
         if old is not None:
             nodes.add(old.node)
             pools.add(old.pool)
+            self._node_slices[old.node].discard(name)
+            if not self._node_slices[old.node]:
+                del self._node_slices[old.node]
+            for g in old.gpus:
+                if self._devices.get((old.pool, g.device), (None, None))[1] is g:
+                    del self._devices[(old.pool, g.device)]
         if obj is not None:
             node, gpus, problems = slice_devices(obj)
             for text in problems:
@@ -81,18 +89,13 @@ class DraIndex:
             if node:
                 pool = str(((obj.get("spec") or {}).get("pool") or {}).get("name") or node)
                 self.slices[name] = SliceEntry(pool, node, gpus)
+                self._node_slices.setdefault(node, set()).add(name)
+                for g in gpus:
+                    self._devices[(pool, g.device)] = (node, g)
                 nodes.add(node)
                 pools.add(pool)
         claims = set().union(*(self._by_pool.get(p, set()) for p in pools)) if pools else set()
         return nodes, claims
-
-    def _device(self, pool: str, device: str) -> tuple[str, DraGpu] | None:
-        for s in self.slices.values():
-            if s.pool == pool:
-                for g in s.gpus:
-                    if g.device == device:
-                        return s.node, g
-        return None
 
     # -- claims ----------------------------------------------------------------------------------
 
@@ -124,7 +127,7 @@ class DraIndex:
         before = entry.parts
         parts: dict[str, Contribution] = {}
         for r in entry.results:
-            found = self._device(r.pool, r.device)
+            found = self._devices.get((r.pool, r.device))
             if found is None:
                 continue  # the slice is not here yet: counted when it comes (set_slice -> resolve)
             node, gpu = found
