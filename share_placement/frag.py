@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from fractions import Fraction
 from itertools import accumulate
 from operator import itemgetter
@@ -30,6 +31,7 @@ from share_placement.frag_pricing import (
     one_gpu_price,
     quantile,
 )
+from share_placement.frag_scores import frag_scores
 from share_placement.model import (
     MISSING,
     Demand,
@@ -55,7 +57,7 @@ class FragPolicy(ViewPolicy):
     """Least growth of expected fragmentation under the learned workload; best fit on ties."""
 
     name = "frag"
-    # Rebuild the class table when the observed count has grown by this fraction (or a class is new).
+    # Rebuild the class table when the observed count has grown by this fraction (or a class group is new).
     REFRESH = TABLE_REFRESH
     MEMO_LIMIT = MEMO_LIMIT
     PREFIX_LIMIT = 50_000  # per-state running sums kept (a few hundred bytes each; 5,000 nodes need 5,000)
@@ -85,6 +87,7 @@ class FragPolicy(ViewPolicy):
         self.gpu_unit = gpu_unit
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
+        self._groups: set[tuple[tuple[str, ...], int, int]] = set()  # (models, per_gpu, count) observed
         self._observed = 0
         self._table_observed = 0
         self._dirty = False
@@ -105,11 +108,19 @@ class FragPolicy(ViewPolicy):
     def observe(self, demand: Demand) -> None:
         if demand.count <= 0 or demand.per_gpu <= 0:
             return  # CPU-only pods fragment no GPU
-        key = (demand.per_gpu, demand.count, tuple(sorted(m.lower() for m in demand.models)), demand.cpu)
+        models = tuple(sorted(m.lower() for m in demand.models))
+        key = (demand.per_gpu, demand.count, models, demand.cpu)
         with self._lock:
             if key not in self._counts:
                 self._counts[key] = 0.0
-                self._dirty = True
+                group = (models, demand.per_gpu, demand.count)
+                if group not in self._groups:
+                    # A shape the table has no group for: priced without it until the refresh, so at
+                    # once. A new CPU ask in a known group is one pod among the group's, stale as
+                    # any count is until the next refresh (re-pricing 5,000 node states for it would
+                    # cost the next filter ~100 ms).
+                    self._groups.add(group)
+                    self._dirty = True
             self._counts[key] += 1.0
             if demand.count == 1:
                 ask = (demand.per_gpu, demand.cpu, demand.memory)
@@ -223,6 +234,10 @@ class FragPolicy(ViewPolicy):
         """Expected fragmentation of a node under the current table (`fragmentation`, memoised)."""
         units = self.node_units(gpus, cpu_free)
         return units / (self.table.weight * self._wb) if units else 0.0
+
+    def scores(self, views: Sequence[NodeView], demand: Demand) -> list[float]:
+        """evaluate's score (-inf: does not fit) for many states at once (`frag_scores`)."""
+        return frag_scores(self, views, demand)
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         _ = self.table  # refresh first, so the memo below belongs to the current table

@@ -141,6 +141,9 @@ class Pricer:
         self._need_breaks: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._hostable_cls: dict[tuple[int, int | None], frozenset[int]] = {}
         self._host_gaps: dict[int, int] = {}
+        # id(view) -> what frag_scores keeps of a node state across demands (this table's prices)
+        self.batch_facts: dict[int, tuple] = {}
+        self.batch_fronts: dict[tuple[int, tuple[str, ...]], Any] = {}  # share shape -> frag_scores' _Fronts
         self.wa, self.keep_w = wa, wb - wa
         self.total_w = table.weight * wb  # units per unit of free capacity
         # The LP gap price (`gap`): solved on first use, once per table; None until then.

@@ -76,7 +76,8 @@ class WorkloadTable:
         return WorkloadTable(tuple(groups), int(total), sum(g.weight for g in groups))
 
 
-# Rebuild a learned table when the observed count has grown by this fraction (or a class is new): observe()
+# Rebuild a learned table when the observed count has grown by this fraction (or a class is new; frag: a
+# class group): observe()
 # stays O(1), and a table a few percent stale prices the same placements.
 TABLE_REFRESH = 0.02
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from share_placement import Demand, Policy
 from share_scheduler.cache import ClusterCache
-from share_scheduler.extender import NEG_INF, ScoreMemo, best_nodes, policy_scores, score_state
+from share_scheduler.extender import NEG_INF, ScoreMemo, best_nodes, policy_scores, score_states
 from share_scheduler.nodes import NodeSnapshot
 
 
@@ -183,21 +183,25 @@ class BestNodeIndex:
         self, demand: Demand, table: dict[int, float], view_ids: Iterable[int]
     ) -> list[tuple[float, str, int]]:
         """Heap entries for these states (those still with nodes), scoring the ones not memoised yet."""
-        members, sample, guard = self._groups.members, self._groups.sample, self.policy_lock
+        members, sample = self._groups.members, self._groups.sample
         out = []
-        stored = 0
+        missing = []
         for view_id in view_ids:
             group = members.get(view_id)
             if not group:
                 continue
             score = table.get(view_id)
             if score is None:
-                score = table[view_id] = score_state(self.policy, demand, sample[view_id], guard)
-                stored += 1
-            if score != NEG_INF:  # fits nowhere: no entry
+                missing.append(view_id)
+            elif score != NEG_INF:  # fits nowhere: no entry
                 out.append((-score, group[0], view_id))
-        if stored:
-            self.memo.added(stored)
+        if missing:
+            priced = score_states(self.policy, demand, [sample[v] for v in missing], self.policy_lock)
+            for view_id, score in zip(missing, priced, strict=True):
+                table[view_id] = score
+                if score != NEG_INF:
+                    out.append((-score, members[view_id][0], view_id))
+            self.memo.added(len(missing))
         return out
 
     def _current(self, entry: tuple[float, str, int]) -> bool:

@@ -443,6 +443,20 @@ def score_state(
     return NEG_INF if ev is None else ev[0]
 
 
+def score_states(
+    policy: Policy, demand: Demand, entries: Sequence[NodeSnapshot], lock: AbstractContextManager[Any] | threading.Lock
+) -> list[float]:
+    """score_state for many states at once: one lock, and the policy's own `scores` where it has one
+    (frag prices a new demand against 5,000 states several times faster so)."""
+    batch = getattr(policy, "scores", None)
+    if batch is None or getattr(policy, "evaluate", None) is None:
+        return [score_state(policy, demand, entry, lock) for entry in entries]
+    fits = [node_fits(entry, demand) for entry in entries]
+    with lock:
+        priced = iter(batch([entry.view for entry, ok in zip(entries, fits, strict=True) if ok], demand))
+    return [next(priced) if ok else NEG_INF for ok in fits]
+
+
 def policy_scores(
     policy: Policy,
     demand: Demand,
@@ -463,16 +477,22 @@ def policy_scores(
         return raw
     assert memo is not None
     get = table.get
-    stored = 0
+    missing: dict[int, NodeSnapshot] = {}
     for name, entry in entries:
         if entry is None:
             raw[name] = NEG_INF
             continue
         score = get(entry.view_id)
         if score is None:
-            score = table[entry.view_id] = score_state(policy, demand, entry, guard)
-            stored += 1
-        raw[name] = score
+            missing[entry.view_id] = entry
+        raw[name] = score  # type: ignore[assignment]  # None until priced below
+    stored = len(missing)
+    if missing:
+        for view_id, score in zip(missing, score_states(policy, demand, list(missing.values()), guard), strict=True):
+            table[view_id] = score
+        for name, entry in entries:
+            if raw[name] is None:
+                raw[name] = table[entry.view_id]  # type: ignore[union-attr]
     memo.hits += len(raw) - stored
     if stored:
         memo.added(stored)
