@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from share_placement.model import (
+    NEG_INF,
     Demand,
     Evaluation,
     NodeView,
@@ -33,6 +36,30 @@ class FitPolicy(ViewPolicy):
         node_free = sum(f for _, f in gpus)
         # Best fit: least stranded memory first, among equals the fuller node; worst fit: the opposite.
         return -sign * float(left * 1_000_000 + node_free), chosen
+
+    def scores(self, views: Sequence[NodeView], demand: Demand) -> list[float]:
+        """evaluate's scores for a CPU-only or one-GPU pod without a model choice, without building
+        each node's candidate list (the extender prices 5,000 states when a demand is new)."""
+        count, per, cpu, memory = demand.count, demand.per_gpu, demand.cpu, demand.memory
+        if count > 1 or demand.models:
+            return super().scores(views, demand)
+        sign = self.sign
+        pick = min if sign > 0 else max
+        out = []
+        for gpus, cpu_free, mem_free in views:
+            if (cpu_free is not None and cpu_free < cpu) or (mem_free is not None and mem_free < memory):
+                out.append(NEG_INF)  # eligible_positions' host check
+                continue
+            frees = [f for _, f in gpus]
+            left = 0
+            if count:
+                fit = [f for f in frees if f >= per]
+                if not fit:
+                    out.append(NEG_INF)
+                    continue
+                left = pick(fit) - per
+            out.append(-sign * float(left * 1_000_000 + sum(frees)))
+        return out
 
 
 class BinpackPolicy(FitPolicy):
