@@ -12,7 +12,7 @@ bytes ``k8s\\x00`` then a runtime.Unknown message whose `raw` is the versioned o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
@@ -121,102 +121,85 @@ def _watch_messages() -> dict[str, Any]:
     fd = descriptor_pb2.FileDescriptorProto(name="gpushare/kubewire.proto", package=pkg, syntax="proto2")
     s, b, i32, m = F.TYPE_STRING, F.TYPE_BYTES, F.TYPE_INT32, F.TYPE_MESSAGE
 
-    def message(
-        name: str, fields: list[tuple[str, int, int, str, bool]], maps: tuple[tuple[str, int, str], ...] = ()
-    ) -> None:
+    OPTIONAL, REPEATED, MAP = F.LABEL_OPTIONAL, F.LABEL_REPEATED, 0
+    Field = tuple[str, int, int, str, int]  # name, number, type, message type name, label (or MAP)
+
+    def scalar(name: str, number: int, typ: int = s) -> Field:
+        return (name, number, typ, "", OPTIONAL)
+
+    def one(name: str, number: int, type_name: str) -> Field:
+        return (name, number, m, type_name, OPTIONAL)
+
+    def many(name: str, number: int, type_name: str) -> Field:
+        return (name, number, m, type_name, REPEATED)
+
+    def string_map(name: str, number: int, value_type_name: str = "") -> Field:
+        return (name, number, m if value_type_name else s, value_type_name, MAP)
+
+    def message(name: str, *fields: Field) -> None:
         msg = fd.message_type.add(name=name)
-        for fname, number, typ, type_name, repeated in fields:
-            label = F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL
+        for fname, number, typ, type_name, label in fields:
+            if label == MAP:  # map<string, V>: a repeated nested entry {key = 1, value = 2}, named as protoc does
+                entry = f"{fname[0].upper()}{fname[1:]}Entry"
+                e = msg.nested_type.add(name=entry)
+                e.options.map_entry = True
+                e.field.add(name="key", number=1, type=s, label=OPTIONAL)
+                v = e.field.add(name="value", number=2, type=typ, label=OPTIONAL)
+                if type_name:
+                    v.type_name = f".{pkg}.{type_name}"
+                typ, type_name, label = m, f"{name}.{entry}", REPEATED
             f = msg.field.add(name=fname, number=number, type=typ, label=label)
             if type_name:
                 f.type_name = f".{pkg}.{type_name}"
-        for entry, vtype, vname in maps:  # map<string, V>: a repeated nested entry {key = 1, value = 2}
-            e = msg.nested_type.add(name=entry)
-            e.options.map_entry = True
-            e.field.add(name="key", number=1, type=s, label=F.LABEL_OPTIONAL)
-            v = e.field.add(name="value", number=2, type=vtype, label=F.LABEL_OPTIONAL)
-            if vname:
-                v.type_name = f".{pkg}.{vname}"
 
     # meta/v1 WatchEvent; runtime RawExtension, Unknown, TypeMeta; meta/v1 Status
-    message("WatchEvent", [("type", 1, s, "", False), ("object", 2, m, "RawExtension", False)])
-    message("RawExtension", [("raw", 1, b, "", False)])
-    message("Unknown", [("typeMeta", UNKNOWN_TYPE_META, m, "TypeMeta", False), ("raw", UNKNOWN_RAW, b, "", False)])
-    message("TypeMeta", [("apiVersion", TYPE_META_API_VERSION, s, "", False), ("kind", TYPE_META_KIND, s, "", False)])
-    message("Status", [("message", 3, s, "", False), ("reason", 4, s, "", False), ("code", 6, i32, "", False)])
+    message("WatchEvent", scalar("type", 1), one("object", 2, "RawExtension"))
+    message("RawExtension", scalar("raw", 1, b))
+    message("Unknown", one("typeMeta", UNKNOWN_TYPE_META, "TypeMeta"), scalar("raw", UNKNOWN_RAW, b))
+    message("TypeMeta", scalar("apiVersion", TYPE_META_API_VERSION), scalar("kind", TYPE_META_KIND))
+    message("Status", scalar("message", 3), scalar("reason", 4), scalar("code", 6, i32))
     # core/v1 Pod, PodSpec, Container, ResourceRequirements, PodStatus; meta/v1 ObjectMeta; resource Quantity
-    message(
-        "Pod",
-        [
-            ("metadata", 1, m, "ObjectMeta", False),
-            ("spec", 2, m, "PodSpec", False),
-            ("status", 3, m, "PodStatus", False),
-        ],
-    )
+    message("Pod", one("metadata", 1, "ObjectMeta"), one("spec", 2, "PodSpec"), one("status", 3, "PodStatus"))
     message(
         "ObjectMeta",
-        [
-            ("name", META_NAME, s, "", False),
-            ("namespace", META_NAMESPACE, s, "", False),
-            ("uid", META_UID, s, "", False),
-            ("resourceVersion", 6, s, "", False),
-            ("annotations", META_ANNOTATIONS, m, "ObjectMeta.AnnotationsEntry", True),
-        ],
-        (("AnnotationsEntry", s, ""),),
+        scalar("name", META_NAME),
+        scalar("namespace", META_NAMESPACE),
+        scalar("uid", META_UID),
+        scalar("resourceVersion", 6),
+        string_map("annotations", META_ANNOTATIONS),
     )
     message(
         "PodSpec",
-        [
-            ("containers", 2, m, "Container", True),
-            ("nodeName", 10, s, "", False),
-            ("schedulerName", 19, s, "", False),
-            ("initContainers", 20, m, "Container", True),
-            ("overhead", 32, m, "PodSpec.OverheadEntry", True),
-            ("resourceClaims", 39, m, "PodResourceClaim", True),
-            ("resources", 40, m, "Resources", False),
-        ],
-        (("OverheadEntry", m, "Quantity"),),
+        many("containers", 2, "Container"),
+        scalar("nodeName", 10),
+        scalar("schedulerName", 19),
+        many("initContainers", 20, "Container"),
+        string_map("overhead", 32, "Quantity"),
+        many("resourceClaims", 39, "PodResourceClaim"),
+        one("resources", 40, "Resources"),
     )
     message(
-        "PodResourceClaim",
-        [
-            ("name", 1, s, "", False),
-            ("resourceClaimName", 3, s, "", False),
-            ("resourceClaimTemplateName", 4, s, "", False),
-        ],
+        "PodResourceClaim", scalar("name", 1), scalar("resourceClaimName", 3), scalar("resourceClaimTemplateName", 4)
     )
-    message(
-        "Container",
-        [("name", 1, s, "", False), ("resources", 8, m, "Resources", False), ("restartPolicy", 24, s, "", False)],
-    )
-    message(
-        "Resources",
-        [("limits", 1, m, "Resources.LimitsEntry", True), ("requests", 2, m, "Resources.RequestsEntry", True)],
-        (("LimitsEntry", m, "Quantity"), ("RequestsEntry", m, "Quantity")),
-    )
-    message("Quantity", [("string", 1, s, "", False)])
+    message("Container", scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24))
+    message("Resources", string_map("limits", 1, "Quantity"), string_map("requests", 2, "Quantity"))
+    message("Quantity", scalar("string", 1))
     # What in-place resize changes (share_core.podresources mirrors how kube-scheduler reads it).
     message(
         "PodStatus",
-        [
-            ("phase", 1, s, "", False),
-            ("conditions", 2, m, "PodCondition", True),
-            ("containerStatuses", 8, m, "ContainerStatus", True),
-            ("initContainerStatuses", 10, m, "ContainerStatus", True),
-            ("allocatedResources", 19, m, "PodStatus.AllocatedResourcesEntry", True),
-            ("resources", 20, m, "Resources", False),
-        ],
-        (("AllocatedResourcesEntry", m, "Quantity"),),
+        scalar("phase", 1),
+        many("conditions", 2, "PodCondition"),
+        many("containerStatuses", 8, "ContainerStatus"),
+        many("initContainerStatuses", 10, "ContainerStatus"),
+        string_map("allocatedResources", 19, "Quantity"),
+        one("resources", 20, "Resources"),
     )
-    message("PodCondition", [("type", 1, s, "", False), ("reason", 5, s, "", False)])
+    message("PodCondition", scalar("type", 1), scalar("reason", 5))
     message(
         "ContainerStatus",
-        [
-            ("name", 1, s, "", False),
-            ("allocatedResources", 10, m, "ContainerStatus.AllocatedResourcesEntry", True),
-            ("resources", 11, m, "Resources", False),
-        ],
-        (("AllocatedResourcesEntry", m, "Quantity"),),
+        scalar("name", 1),
+        string_map("allocatedResources", 10, "Quantity"),
+        one("resources", 11, "Resources"),
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
@@ -268,7 +251,9 @@ _CONTAINER_KEYS = frozenset(("containers", "initContainers", "overhead", "resour
 
 class SlimSpec(dict[str, Any]):
     """A slim pod's spec: nodeName and schedulerName at once, the containers decoded the first time
-    anything asks for them (the cache reads them only when a learning policy first sees a pod)."""
+    anything asks for them (the cache reads them only when a learning policy first sees a pod). `get` and
+    `[]` decode for the container keys only; whatever reads every key (`in`, iteration, len, keys, items,
+    values, ==, repr) decodes first (those methods are set below the class)."""
 
     __slots__ = ("_message",)
 
@@ -298,46 +283,30 @@ class SlimSpec(dict[str, Any]):
             self._fill()
         return dict.__getitem__(self, key)
 
-    def __contains__(self, key: object) -> bool:
-        self._fill()
-        return dict.__contains__(self, key)
-
-    def __iter__(self) -> Any:
-        self._fill()
-        return dict.__iter__(self)
-
-    def __len__(self) -> int:
-        self._fill()
-        return dict.__len__(self)
-
     def __bool__(self) -> bool:  # `pod.get("spec") or {}` must not decode the containers
         return True
 
-    def keys(self) -> Any:
-        self._fill()
-        return dict.keys(self)
-
-    def items(self) -> Any:
-        self._fill()
-        return dict.items(self)
-
-    def values(self) -> Any:
-        self._fill()
-        return dict.values(self)
-
-    def __eq__(self, other: object) -> bool:
-        self._fill()
-        return dict.__eq__(self, other)
-
     __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        self._fill()
-        return dict.__repr__(self)
 
     def __reduce__(self) -> Any:  # a copy or pickle is a plain dict, whole
         self._fill()
         return (dict, (dict(dict.items(self)),))
+
+
+def _filled_first(name: str) -> Callable[..., Any]:
+    """dict's method `name`, called once the containers are decoded (it sees every key)."""
+    plain = getattr(dict, name)
+
+    def method(self: SlimSpec, *args: Any) -> Any:
+        self._fill()
+        return plain(self, *args)
+
+    method.__name__, method.__qualname__ = name, f"SlimSpec.{name}"
+    return method
+
+
+for _name in ("__contains__", "__iter__", "__len__", "keys", "items", "values", "__eq__", "__repr__"):
+    setattr(SlimSpec, _name, _filled_first(_name))
 
 
 def slim_pod(message: Any) -> dict[str, Any]:
