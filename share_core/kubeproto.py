@@ -12,7 +12,7 @@ bytes ``k8s\\x00`` then a runtime.Unknown message whose `raw` is the versioned o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
@@ -112,99 +112,113 @@ def binding_body(namespace: str, name: str, uid: str, node: str, annotations: Ma
 WATCH_CONTENT_TYPE = "application/vnd.kubernetes.protobuf;stream=watch"
 
 
-def _watch_messages() -> dict[str, Any]:
-    """WatchEvent, Unknown, Pod and Status, with only the fields read here (upstream numbers)."""
+# A field of a schema built at run time: (name, number, kind, message type name); the kind is a scalar
+# type (string, bytes, int32), "message", "repeated" (messages) or "map" (map<string, V>: V a message or,
+# without a type name, a string).
+Field = tuple[str, int, str, str]
+
+
+def scalar(name: str, number: int, typ: str = "string") -> Field:
+    return (name, number, typ, "")
+
+
+def one(name: str, number: int, type_name: str) -> Field:
+    return (name, number, "message", type_name)
+
+
+def many(name: str, number: int, type_name: str) -> Field:
+    return (name, number, "repeated", type_name)
+
+
+def map_field(name: str, number: int, value_type_name: str = "") -> Field:
+    return (name, number, "map", value_type_name)
+
+
+def build_messages(
+    file_name: str, pkg: str, messages: Mapping[str, Sequence[Field]], names: Sequence[str]
+) -> dict[str, Any]:
+    """The message classes `names` of a proto2 file built at run time: `messages` maps each message's
+    name to its fields. Fields the schema lacks are skipped by the parser."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
-    pkg = "gpushare.kubewire"
-    fd = descriptor_pb2.FileDescriptorProto(name="gpushare/kubewire.proto", package=pkg, syntax="proto2")
-    s, b, i32, m = F.TYPE_STRING, F.TYPE_BYTES, F.TYPE_INT32, F.TYPE_MESSAGE
-
-    OPTIONAL, REPEATED, MAP = F.LABEL_OPTIONAL, F.LABEL_REPEATED, 0
-    Field = tuple[str, int, int, str, int]  # name, number, type, message type name, label (or MAP)
-
-    def scalar(name: str, number: int, typ: int = s) -> Field:
-        return (name, number, typ, "", OPTIONAL)
-
-    def one(name: str, number: int, type_name: str) -> Field:
-        return (name, number, m, type_name, OPTIONAL)
-
-    def many(name: str, number: int, type_name: str) -> Field:
-        return (name, number, m, type_name, REPEATED)
-
-    def string_map(name: str, number: int, value_type_name: str = "") -> Field:
-        return (name, number, m if value_type_name else s, value_type_name, MAP)
-
-    def message(name: str, *fields: Field) -> None:
+    scalars = {"string": F.TYPE_STRING, "bytes": F.TYPE_BYTES, "int32": F.TYPE_INT32}
+    fd = descriptor_pb2.FileDescriptorProto(name=file_name, package=pkg, syntax="proto2")
+    for name, fields in messages.items():
         msg = fd.message_type.add(name=name)
-        for fname, number, typ, type_name, label in fields:
-            if label == MAP:  # map<string, V>: a repeated nested entry {key = 1, value = 2}, named as protoc does
+        for fname, number, kind, type_name in fields:
+            label = F.LABEL_REPEATED if kind in ("repeated", "map") else F.LABEL_OPTIONAL
+            if kind == "map":  # a repeated nested entry {key = 1, value = 2}, named as protoc names it
                 entry = f"{fname[0].upper()}{fname[1:]}Entry"
                 e = msg.nested_type.add(name=entry)
                 e.options.map_entry = True
-                e.field.add(name="key", number=1, type=s, label=OPTIONAL)
-                v = e.field.add(name="value", number=2, type=typ, label=OPTIONAL)
+                e.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+                vtype = F.TYPE_MESSAGE if type_name else F.TYPE_STRING
+                v = e.field.add(name="value", number=2, type=vtype, label=F.LABEL_OPTIONAL)
                 if type_name:
                     v.type_name = f".{pkg}.{type_name}"
-                typ, type_name, label = m, f"{name}.{entry}", REPEATED
-            f = msg.field.add(name=fname, number=number, type=typ, label=label)
+                type_name = f"{name}.{entry}"
+            f = msg.field.add(name=fname, number=number, type=scalars.get(kind, F.TYPE_MESSAGE), label=label)
             if type_name:
                 f.type_name = f".{pkg}.{type_name}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{n}")) for n in names}
 
+
+# WatchEvent, Unknown, Pod and Status, with only the fields read here (upstream numbers).
+WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
     # meta/v1 WatchEvent; runtime RawExtension, Unknown, TypeMeta; meta/v1 Status
-    message("WatchEvent", scalar("type", 1), one("object", 2, "RawExtension"))
-    message("RawExtension", scalar("raw", 1, b))
-    message("Unknown", one("typeMeta", UNKNOWN_TYPE_META, "TypeMeta"), scalar("raw", UNKNOWN_RAW, b))
-    message("TypeMeta", scalar("apiVersion", TYPE_META_API_VERSION), scalar("kind", TYPE_META_KIND))
-    message("Status", scalar("message", 3), scalar("reason", 4), scalar("code", 6, i32))
+    "WatchEvent": (scalar("type", 1), one("object", 2, "RawExtension")),
+    "RawExtension": (scalar("raw", 1, "bytes"),),
+    "Unknown": (one("typeMeta", UNKNOWN_TYPE_META, "TypeMeta"), scalar("raw", UNKNOWN_RAW, "bytes")),
+    "TypeMeta": (scalar("apiVersion", TYPE_META_API_VERSION), scalar("kind", TYPE_META_KIND)),
+    "Status": (scalar("message", 3), scalar("reason", 4), scalar("code", 6, "int32")),
     # core/v1 Pod, PodSpec, Container, ResourceRequirements, PodStatus; meta/v1 ObjectMeta; resource Quantity
-    message("Pod", one("metadata", 1, "ObjectMeta"), one("spec", 2, "PodSpec"), one("status", 3, "PodStatus"))
-    message(
-        "ObjectMeta",
+    "Pod": (one("metadata", 1, "ObjectMeta"), one("spec", 2, "PodSpec"), one("status", 3, "PodStatus")),
+    "ObjectMeta": (
         scalar("name", META_NAME),
         scalar("namespace", META_NAMESPACE),
         scalar("uid", META_UID),
         scalar("resourceVersion", 6),
-        string_map("annotations", META_ANNOTATIONS),
-    )
-    message(
-        "PodSpec",
+        map_field("annotations", META_ANNOTATIONS),
+    ),
+    "PodSpec": (
         many("containers", 2, "Container"),
         scalar("nodeName", 10),
         scalar("schedulerName", 19),
         many("initContainers", 20, "Container"),
-        string_map("overhead", 32, "Quantity"),
+        map_field("overhead", 32, "Quantity"),
         many("resourceClaims", 39, "PodResourceClaim"),
         one("resources", 40, "Resources"),
-    )
-    message(
-        "PodResourceClaim", scalar("name", 1), scalar("resourceClaimName", 3), scalar("resourceClaimTemplateName", 4)
-    )
-    message("Container", scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24))
-    message("Resources", string_map("limits", 1, "Quantity"), string_map("requests", 2, "Quantity"))
-    message("Quantity", scalar("string", 1))
+    ),
+    "PodResourceClaim": (scalar("name", 1), scalar("resourceClaimName", 3), scalar("resourceClaimTemplateName", 4)),
+    "Container": (scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24)),
+    "Resources": (map_field("limits", 1, "Quantity"), map_field("requests", 2, "Quantity")),
+    "Quantity": (scalar("string", 1),),
     # What in-place resize changes (share_core.podresources mirrors how kube-scheduler reads it).
-    message(
-        "PodStatus",
+    "PodStatus": (
         scalar("phase", 1),
         many("conditions", 2, "PodCondition"),
         many("containerStatuses", 8, "ContainerStatus"),
         many("initContainerStatuses", 10, "ContainerStatus"),
-        string_map("allocatedResources", 19, "Quantity"),
+        map_field("allocatedResources", 19, "Quantity"),
         one("resources", 20, "Resources"),
-    )
-    message("PodCondition", scalar("type", 1), scalar("reason", 5))
-    message(
-        "ContainerStatus",
+    ),
+    "PodCondition": (scalar("type", 1), scalar("reason", 5)),
+    "ContainerStatus": (
         scalar("name", 1),
-        string_map("allocatedResources", 10, "Quantity"),
+        map_field("allocatedResources", 10, "Quantity"),
         one("resources", 11, "Resources"),
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
+    ),
+}
+
+
+def _watch_messages() -> dict[str, Any]:
+    """Parsers of WatchEvent, Unknown, Pod and Status."""
     names = ("WatchEvent", "Unknown", "Pod", "Status")
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{n}")).FromString for n in names}
+    classes = build_messages("gpushare/kubewire.proto", "gpushare.kubewire", WATCH_SCHEMA, names)
+    return {n: c.FromString for n, c in classes.items()}
 
 
 _WATCH: dict[str, Any] = {}
