@@ -17,35 +17,32 @@ def best_fit(view: NodeView, elig: list[int], count: int) -> tuple[int, ...]:
     return tuple(sorted(elig[:count]))
 
 
-class BinpackPolicy(ViewPolicy):
+class FitPolicy(ViewPolicy):
+    """Best fit (`sign` 1) or worst fit (`sign` -1) by free memory, lowest index on ties."""
+
+    sign = 1
+
+    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+        elig = eligible_positions(view, demand)
+        if elig is None:
+            return None
+        gpus, sign = view[0], self.sign
+        elig.sort(key=lambda i: (sign * gpus[i][1], i))
+        chosen = tuple(sorted(elig[: demand.count]))
+        left = sum(gpus[i][1] - demand.per_gpu for i in chosen)
+        node_free = sum(f for _, f in gpus)
+        # Best fit: least stranded memory first, among equals the fuller node; worst fit: the opposite.
+        return -sign * float(left * 1_000_000 + node_free), chosen
+
+
+class BinpackPolicy(FitPolicy):
     """Best fit: the GPU(s) left with the least free memory, lowest index on ties."""
 
     name = "binpack"
 
-    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
-        elig = eligible_positions(view, demand)
-        if elig is None:
-            return None
-        chosen = best_fit(view, elig, demand.count)
-        gpus = view[0]
-        stranded = sum(gpus[i][1] - demand.per_gpu for i in chosen)
-        node_free = sum(f for _, f in gpus)
-        # Least stranded memory first; among equals, the fuller node.
-        return -float(stranded * 1_000_000 + node_free), chosen
 
-
-class SpreadPolicy(ViewPolicy):
+class SpreadPolicy(FitPolicy):
     """Worst fit: the emptiest GPU(s) on the emptiest node, lowest index on ties."""
 
     name = "spread"
-
-    def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
-        elig = eligible_positions(view, demand)
-        if elig is None:
-            return None
-        gpus = view[0]
-        elig.sort(key=lambda i: (-gpus[i][1], i))
-        chosen = tuple(sorted(elig[: demand.count]))
-        left = sum(gpus[i][1] - demand.per_gpu for i in chosen)
-        node_free = sum(f for _, f in gpus)
-        return float(left * 1_000_000 + node_free), chosen
+    sign = -1
