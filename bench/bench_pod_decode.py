@@ -35,13 +35,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402
 from google.protobuf.internal import api_implementation  # noqa: E402
 
 from share_core import kubeproto  # noqa: E402
 from share_core.assignment import Assignment  # noqa: E402
 from share_core.contract import RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient  # noqa: E402
+from share_core.kubeproto import build_messages, many, map_field, one, scalar  # noqa: E402
 from share_core.request import InvalidRequest, pod_request  # noqa: E402
 from share_scheduler.nodes import pod_record  # noqa: E402
 from tests.controlplane.barenodes import gpu_pod  # noqa: E402
@@ -145,66 +145,35 @@ def hand_event(frame: bytes) -> tuple[str, Pod]:
 
 # --------------------------------------------------------------------------- upb with a trimmed schema
 
-_F = descriptor_pb2.FieldDescriptorProto
 _PKG = "gpushare.bench.kubewire"
 
 
 def _trimmed_messages() -> dict[str, Any]:
     """WatchEvent, Unknown and Pod with only the fields the cache reads (numbers from upstream)."""
-    fd = descriptor_pb2.FileDescriptorProto(name="gpushare/bench-kubewire.proto", package=_PKG, syntax="proto2")
-
-    def message(name: str, fields: list[tuple[str, int, int, str]], maps: tuple[tuple[str, int, str], ...] = ()):
-        m = fd.message_type.add(name=name)
-        for fname, num, typ, type_name in fields:
-            label = _F.LABEL_REPEATED if type_name.endswith(("Entry", "Container")) else _F.LABEL_OPTIONAL
-            f = m.field.add(name=fname, number=num, type=typ, label=label)
-            if type_name:
-                f.type_name = f".{_PKG}.{type_name}"
-        for entry, vtype, vname in maps:
-            e = m.nested_type.add(name=entry)
-            e.options.map_entry = True
-            e.field.add(name="key", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
-            v = e.field.add(name="value", number=2, type=vtype, label=_F.LABEL_OPTIONAL)
-            if vname:
-                v.type_name = f".{_PKG}.{vname}"
-
-    s, b, m = _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_MESSAGE
-    message("WatchEvent", [("type", 1, s, ""), ("object", 2, m, "RawExtension")])
-    message("RawExtension", [("raw", 1, b, "")])
-    message("Unknown", [("raw", 2, b, "")])
-    message("Pod", [("metadata", 1, m, "ObjectMeta"), ("spec", 2, m, "PodSpec"), ("status", 3, m, "PodStatus")])
-    message(
-        "ObjectMeta",
-        [
-            ("name", 1, s, ""),
-            ("namespace", 3, s, ""),
-            ("uid", 5, s, ""),
-            ("resourceVersion", 6, s, ""),
-            ("annotations", 12, m, "ObjectMeta.AnnotationsEntry"),
-        ],
-        (("AnnotationsEntry", s, ""),),
-    )
-    message(
-        "PodSpec",
-        [
-            ("containers", 2, m, "Container"),
-            ("nodeName", 10, s, ""),
-            ("schedulerName", 19, s, ""),
-            ("initContainers", 20, m, "Container"),
-        ],
-    )
-    message("Container", [("name", 1, s, ""), ("resources", 8, m, "Resources"), ("restartPolicy", 24, s, "")])
-    message(
-        "Resources",
-        [("limits", 1, m, "Resources.LimitsEntry"), ("requests", 2, m, "Resources.RequestsEntry")],
-        (("LimitsEntry", m, "Quantity"), ("RequestsEntry", m, "Quantity")),
-    )
-    message("Quantity", [("string", 1, s, "")])
-    message("PodStatus", [("phase", 1, s, "")])
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    names = ("WatchEvent", "Unknown", "Pod")
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PKG}.{n}")) for n in names}
+    schema = {
+        "WatchEvent": (scalar("type", 1), one("object", 2, "RawExtension")),
+        "RawExtension": (scalar("raw", 1, "bytes"),),
+        "Unknown": (scalar("raw", 2, "bytes"),),
+        "Pod": (one("metadata", 1, "ObjectMeta"), one("spec", 2, "PodSpec"), one("status", 3, "PodStatus")),
+        "ObjectMeta": (
+            scalar("name", 1),
+            scalar("namespace", 3),
+            scalar("uid", 5),
+            scalar("resourceVersion", 6),
+            map_field("annotations", 12),
+        ),
+        "PodSpec": (
+            many("containers", 2, "Container"),
+            scalar("nodeName", 10),
+            scalar("schedulerName", 19),
+            many("initContainers", 20, "Container"),
+        ),
+        "Container": (scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24)),
+        "Resources": (map_field("limits", 1, "Quantity"), map_field("requests", 2, "Quantity")),
+        "Quantity": (scalar("string", 1),),
+        "PodStatus": (scalar("phase", 1),),
+    }
+    return build_messages("gpushare/bench-kubewire.proto", _PKG, schema, ("WatchEvent", "Unknown", "Pod"))
 
 
 _MSG = _trimmed_messages()

@@ -67,9 +67,15 @@ TOTAL_START=$SECONDS
 TIMES=()
 
 # Throwaway module: a go.mod that requires one upstream module (plus replaces), nothing else.
-new_module() {  # dir module-path
+new_module() {  # dir module-path required-module@version
     mkdir -p "$1"
     printf 'module %s\n\ngo %s\n' "$2" "$GOVER" >"$1/go.mod"
+    (cd "$1" && "$GO" mod edit -require="$3")
+}
+
+# The recipe's one way to build: static, reproducible paths, BUILD_PARALLEL jobs.
+go_build() {  # ldflags output package...
+    "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "$1" -o "$2" "${@:3}"
 }
 
 # A path field of `go mod download -json` (GoMod: the module's go.mod; Info: its .info).
@@ -81,12 +87,11 @@ build_k8s() {
     local start=$SECONDS dir="$WORK/k8s" minor="${K8S_VERSION#v1.}" gomod
     local staging="v0.${minor}"
     log "kubernetes ${K8S_VERSION}: resolving staging modules (-> ${staging})"
-    new_module "$dir" gpushare.local/build/k8s
+    new_module "$dir" gpushare.local/build/k8s "k8s.io/kubernetes@${K8S_VERSION}"
     gomod="$(module_field "k8s.io/kubernetes@${K8S_VERSION}" GoMod)"
     [[ -f "$gomod" ]] || { log "cannot find go.mod of k8s.io/kubernetes@${K8S_VERSION}"; exit 1; }
     (
         cd "$dir"
-        "$GO" mod edit -require="k8s.io/kubernetes@${K8S_VERSION}"
         # Every staging module is required as v0.0.0 and replaced by a ./staging path
         # upstream; outside that repo each maps to its published v0.X.Y tag.
         local mod n=0
@@ -107,7 +112,7 @@ build_k8s() {
             ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=${date}"
         done
         log "kubernetes: building kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl (slow on few cores)"
-        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "-s -w${ldflags}" -o "$BIN_DIR/" \
+        go_build "-s -w${ldflags}" "$BIN_DIR/" \
             k8s.io/kubernetes/cmd/kube-apiserver \
             k8s.io/kubernetes/cmd/kube-scheduler \
             k8s.io/kubernetes/cmd/kube-controller-manager \
@@ -120,23 +125,17 @@ build_k8s() {
 build_etcd() {
     local start=$SECONDS dir="$WORK/etcd"
     log "etcd ${ETCD_VERSION}: building"
-    new_module "$dir" gpushare.local/build/etcd
-    (
-        cd "$dir"
-        "$GO" mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
-        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "-s -w" -o "$BIN_DIR/etcd" \
-            go.etcd.io/etcd/server/v3
-    )
+    new_module "$dir" gpushare.local/build/etcd "go.etcd.io/etcd/server/v3@${ETCD_VERSION}"
+    (cd "$dir" && go_build "-s -w" "$BIN_DIR/etcd" go.etcd.io/etcd/server/v3)
     TIMES+=("etcd: $((SECONDS - start))s")
 }
 
 build_helm() {
     local start=$SECONDS dir="$WORK/helm"
     log "helm ${HELM_VERSION}: building"
-    new_module "$dir" gpushare.local/build/helm
+    new_module "$dir" gpushare.local/build/helm "helm.sh/helm/v3@${HELM_VERSION}"
     (
         cd "$dir"
-        "$GO" mod edit -require="helm.sh/helm/v3@${HELM_VERSION}"
         # Like helm's Makefile: the Kubernetes version `helm template`/`helm lint` assume by
         # default follows the client-go helm is built with.
         local gomod kmajor kminor
@@ -150,8 +149,7 @@ build_helm() {
         for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
             ldflags+=" -X ${pkg}.k8sVersionMajor=${kmajor} -X ${pkg}.k8sVersionMinor=${kminor}"
         done
-        "$GO" build -p "$BUILD_PARALLEL" -trimpath -ldflags "$ldflags" -o "$BIN_DIR/helm" \
-            helm.sh/helm/v3/cmd/helm
+        go_build "$ldflags" "$BIN_DIR/helm" helm.sh/helm/v3/cmd/helm
     )
     TIMES+=("helm: $((SECONDS - start))s")
 }

@@ -224,21 +224,22 @@ class FakeKube:
             self._merge(pod["metadata"].setdefault("annotations", {}), annotations)
             return self._modified("pods", pod)
 
-    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
-        self._enter("patch_node_annotations")
+    def _patch_node(self, call: str, name: str, patch: Mapping[str, str | None], *maps: tuple[str, str]) -> Obj:
+        """Node `name` with `patch` merged into each of its `maps` ((section, field): metadata.annotations)."""
+        self._enter(call)
         with self._lock:
             node = self._node(name)
-            self._merge(node["metadata"].setdefault("annotations", {}), annotations)
+            for section, field in maps:
+                self._merge(node.setdefault(section, {}).setdefault(field, {}), patch)
             return self._modified("nodes", node)
 
+    def patch_node_annotations(self, name: str, annotations: Mapping[str, str | None]) -> Obj:
+        return self._patch_node("patch_node_annotations", name, annotations, ("metadata", "annotations"))
+
     def patch_node_capacity(self, name: str, capacity: Mapping[str, str | None]) -> Obj:
-        self._enter("patch_node_capacity")
-        with self._lock:
-            node = self._node(name)
-            status = node.setdefault("status", {})
-            for field in ("capacity", "allocatable"):
-                self._merge(status.setdefault(field, {}), capacity)
-            return self._modified("nodes", node)
+        return self._patch_node(
+            "patch_node_capacity", name, capacity, ("status", "capacity"), ("status", "allocatable")
+        )
 
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None

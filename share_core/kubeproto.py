@@ -12,7 +12,7 @@ bytes ``k8s\\x00`` then a runtime.Unknown message whose `raw` is the versioned o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
@@ -112,116 +112,113 @@ def binding_body(namespace: str, name: str, uid: str, node: str, annotations: Ma
 WATCH_CONTENT_TYPE = "application/vnd.kubernetes.protobuf;stream=watch"
 
 
-def _watch_messages() -> dict[str, Any]:
-    """WatchEvent, Unknown, Pod and Status, with only the fields read here (upstream numbers)."""
+# A field of a schema built at run time: (name, number, kind, message type name); the kind is a scalar
+# type (string, bytes, int32), "message", "repeated" (messages) or "map" (map<string, V>: V a message or,
+# without a type name, a string).
+Field = tuple[str, int, str, str]
+
+
+def scalar(name: str, number: int, typ: str = "string") -> Field:
+    return (name, number, typ, "")
+
+
+def one(name: str, number: int, type_name: str) -> Field:
+    return (name, number, "message", type_name)
+
+
+def many(name: str, number: int, type_name: str) -> Field:
+    return (name, number, "repeated", type_name)
+
+
+def map_field(name: str, number: int, value_type_name: str = "") -> Field:
+    return (name, number, "map", value_type_name)
+
+
+def build_messages(
+    file_name: str, pkg: str, messages: Mapping[str, Sequence[Field]], names: Sequence[str]
+) -> dict[str, Any]:
+    """The message classes `names` of a proto2 file built at run time: `messages` maps each message's
+    name to its fields. Fields the schema lacks are skipped by the parser."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
-    pkg = "gpushare.kubewire"
-    fd = descriptor_pb2.FileDescriptorProto(name="gpushare/kubewire.proto", package=pkg, syntax="proto2")
-    s, b, i32, m = F.TYPE_STRING, F.TYPE_BYTES, F.TYPE_INT32, F.TYPE_MESSAGE
-
-    def message(
-        name: str, fields: list[tuple[str, int, int, str, bool]], maps: tuple[tuple[str, int, str], ...] = ()
-    ) -> None:
+    scalars = {"string": F.TYPE_STRING, "bytes": F.TYPE_BYTES, "int32": F.TYPE_INT32}
+    fd = descriptor_pb2.FileDescriptorProto(name=file_name, package=pkg, syntax="proto2")
+    for name, fields in messages.items():
         msg = fd.message_type.add(name=name)
-        for fname, number, typ, type_name, repeated in fields:
-            label = F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL
-            f = msg.field.add(name=fname, number=number, type=typ, label=label)
+        for fname, number, kind, type_name in fields:
+            label = F.LABEL_REPEATED if kind in ("repeated", "map") else F.LABEL_OPTIONAL
+            if kind == "map":  # a repeated nested entry {key = 1, value = 2}, named as protoc names it
+                entry = f"{fname[0].upper()}{fname[1:]}Entry"
+                e = msg.nested_type.add(name=entry)
+                e.options.map_entry = True
+                e.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+                vtype = F.TYPE_MESSAGE if type_name else F.TYPE_STRING
+                v = e.field.add(name="value", number=2, type=vtype, label=F.LABEL_OPTIONAL)
+                if type_name:
+                    v.type_name = f".{pkg}.{type_name}"
+                type_name = f"{name}.{entry}"
+            f = msg.field.add(name=fname, number=number, type=scalars.get(kind, F.TYPE_MESSAGE), label=label)
             if type_name:
                 f.type_name = f".{pkg}.{type_name}"
-        for entry, vtype, vname in maps:  # map<string, V>: a repeated nested entry {key = 1, value = 2}
-            e = msg.nested_type.add(name=entry)
-            e.options.map_entry = True
-            e.field.add(name="key", number=1, type=s, label=F.LABEL_OPTIONAL)
-            v = e.field.add(name="value", number=2, type=vtype, label=F.LABEL_OPTIONAL)
-            if vname:
-                v.type_name = f".{pkg}.{vname}"
-
-    # meta/v1 WatchEvent; runtime RawExtension, Unknown, TypeMeta; meta/v1 Status
-    message("WatchEvent", [("type", 1, s, "", False), ("object", 2, m, "RawExtension", False)])
-    message("RawExtension", [("raw", 1, b, "", False)])
-    message("Unknown", [("typeMeta", UNKNOWN_TYPE_META, m, "TypeMeta", False), ("raw", UNKNOWN_RAW, b, "", False)])
-    message("TypeMeta", [("apiVersion", TYPE_META_API_VERSION, s, "", False), ("kind", TYPE_META_KIND, s, "", False)])
-    message("Status", [("message", 3, s, "", False), ("reason", 4, s, "", False), ("code", 6, i32, "", False)])
-    # core/v1 Pod, PodSpec, Container, ResourceRequirements, PodStatus; meta/v1 ObjectMeta; resource Quantity
-    message(
-        "Pod",
-        [
-            ("metadata", 1, m, "ObjectMeta", False),
-            ("spec", 2, m, "PodSpec", False),
-            ("status", 3, m, "PodStatus", False),
-        ],
-    )
-    message(
-        "ObjectMeta",
-        [
-            ("name", META_NAME, s, "", False),
-            ("namespace", META_NAMESPACE, s, "", False),
-            ("uid", META_UID, s, "", False),
-            ("resourceVersion", 6, s, "", False),
-            ("annotations", META_ANNOTATIONS, m, "ObjectMeta.AnnotationsEntry", True),
-        ],
-        (("AnnotationsEntry", s, ""),),
-    )
-    message(
-        "PodSpec",
-        [
-            ("containers", 2, m, "Container", True),
-            ("nodeName", 10, s, "", False),
-            ("schedulerName", 19, s, "", False),
-            ("initContainers", 20, m, "Container", True),
-            ("overhead", 32, m, "PodSpec.OverheadEntry", True),
-            ("resourceClaims", 39, m, "PodResourceClaim", True),
-            ("resources", 40, m, "Resources", False),
-        ],
-        (("OverheadEntry", m, "Quantity"),),
-    )
-    message(
-        "PodResourceClaim",
-        [
-            ("name", 1, s, "", False),
-            ("resourceClaimName", 3, s, "", False),
-            ("resourceClaimTemplateName", 4, s, "", False),
-        ],
-    )
-    message(
-        "Container",
-        [("name", 1, s, "", False), ("resources", 8, m, "Resources", False), ("restartPolicy", 24, s, "", False)],
-    )
-    message(
-        "Resources",
-        [("limits", 1, m, "Resources.LimitsEntry", True), ("requests", 2, m, "Resources.RequestsEntry", True)],
-        (("LimitsEntry", m, "Quantity"), ("RequestsEntry", m, "Quantity")),
-    )
-    message("Quantity", [("string", 1, s, "", False)])
-    # What in-place resize changes (share_core.podresources mirrors how kube-scheduler reads it).
-    message(
-        "PodStatus",
-        [
-            ("phase", 1, s, "", False),
-            ("conditions", 2, m, "PodCondition", True),
-            ("containerStatuses", 8, m, "ContainerStatus", True),
-            ("initContainerStatuses", 10, m, "ContainerStatus", True),
-            ("allocatedResources", 19, m, "PodStatus.AllocatedResourcesEntry", True),
-            ("resources", 20, m, "Resources", False),
-        ],
-        (("AllocatedResourcesEntry", m, "Quantity"),),
-    )
-    message("PodCondition", [("type", 1, s, "", False), ("reason", 5, s, "", False)])
-    message(
-        "ContainerStatus",
-        [
-            ("name", 1, s, "", False),
-            ("allocatedResources", 10, m, "ContainerStatus.AllocatedResourcesEntry", True),
-            ("resources", 11, m, "Resources", False),
-        ],
-        (("AllocatedResourcesEntry", m, "Quantity"),),
-    )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
+    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{n}")) for n in names}
+
+
+# WatchEvent, Unknown, Pod and Status, with only the fields read here (upstream numbers).
+WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
+    # meta/v1 WatchEvent; runtime RawExtension, Unknown, TypeMeta; meta/v1 Status
+    "WatchEvent": (scalar("type", 1), one("object", 2, "RawExtension")),
+    "RawExtension": (scalar("raw", 1, "bytes"),),
+    "Unknown": (one("typeMeta", UNKNOWN_TYPE_META, "TypeMeta"), scalar("raw", UNKNOWN_RAW, "bytes")),
+    "TypeMeta": (scalar("apiVersion", TYPE_META_API_VERSION), scalar("kind", TYPE_META_KIND)),
+    "Status": (scalar("message", 3), scalar("reason", 4), scalar("code", 6, "int32")),
+    # core/v1 Pod, PodSpec, Container, ResourceRequirements, PodStatus; meta/v1 ObjectMeta; resource Quantity
+    "Pod": (one("metadata", 1, "ObjectMeta"), one("spec", 2, "PodSpec"), one("status", 3, "PodStatus")),
+    "ObjectMeta": (
+        scalar("name", META_NAME),
+        scalar("namespace", META_NAMESPACE),
+        scalar("uid", META_UID),
+        scalar("resourceVersion", 6),
+        map_field("annotations", META_ANNOTATIONS),
+    ),
+    "PodSpec": (
+        many("containers", 2, "Container"),
+        scalar("nodeName", 10),
+        scalar("schedulerName", 19),
+        many("initContainers", 20, "Container"),
+        map_field("overhead", 32, "Quantity"),
+        many("resourceClaims", 39, "PodResourceClaim"),
+        one("resources", 40, "Resources"),
+    ),
+    "PodResourceClaim": (scalar("name", 1), scalar("resourceClaimName", 3), scalar("resourceClaimTemplateName", 4)),
+    "Container": (scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24)),
+    "Resources": (map_field("limits", 1, "Quantity"), map_field("requests", 2, "Quantity")),
+    "Quantity": (scalar("string", 1),),
+    # What in-place resize changes (share_core.podresources mirrors how kube-scheduler reads it).
+    "PodStatus": (
+        scalar("phase", 1),
+        many("conditions", 2, "PodCondition"),
+        many("containerStatuses", 8, "ContainerStatus"),
+        many("initContainerStatuses", 10, "ContainerStatus"),
+        map_field("allocatedResources", 19, "Quantity"),
+        one("resources", 20, "Resources"),
+    ),
+    "PodCondition": (scalar("type", 1), scalar("reason", 5)),
+    "ContainerStatus": (
+        scalar("name", 1),
+        map_field("allocatedResources", 10, "Quantity"),
+        one("resources", 11, "Resources"),
+    ),
+}
+
+
+def _watch_messages() -> dict[str, Any]:
+    """Parsers of WatchEvent, Unknown, Pod and Status."""
     names = ("WatchEvent", "Unknown", "Pod", "Status")
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{pkg}.{n}")).FromString for n in names}
+    classes = build_messages("gpushare/kubewire.proto", "gpushare.kubewire", WATCH_SCHEMA, names)
+    return {n: c.FromString for n, c in classes.items()}
 
 
 _WATCH: dict[str, Any] = {}
@@ -268,7 +265,9 @@ _CONTAINER_KEYS = frozenset(("containers", "initContainers", "overhead", "resour
 
 class SlimSpec(dict[str, Any]):
     """A slim pod's spec: nodeName and schedulerName at once, the containers decoded the first time
-    anything asks for them (the cache reads them only when a learning policy first sees a pod)."""
+    anything asks for them (the cache reads them only when a learning policy first sees a pod). `get` and
+    `[]` decode for the container keys only; whatever reads every key (`in`, iteration, len, keys, items,
+    values, ==, repr) decodes first (those methods are set below the class)."""
 
     __slots__ = ("_message",)
 
@@ -298,46 +297,30 @@ class SlimSpec(dict[str, Any]):
             self._fill()
         return dict.__getitem__(self, key)
 
-    def __contains__(self, key: object) -> bool:
-        self._fill()
-        return dict.__contains__(self, key)
-
-    def __iter__(self) -> Any:
-        self._fill()
-        return dict.__iter__(self)
-
-    def __len__(self) -> int:
-        self._fill()
-        return dict.__len__(self)
-
     def __bool__(self) -> bool:  # `pod.get("spec") or {}` must not decode the containers
         return True
 
-    def keys(self) -> Any:
-        self._fill()
-        return dict.keys(self)
-
-    def items(self) -> Any:
-        self._fill()
-        return dict.items(self)
-
-    def values(self) -> Any:
-        self._fill()
-        return dict.values(self)
-
-    def __eq__(self, other: object) -> bool:
-        self._fill()
-        return dict.__eq__(self, other)
-
     __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        self._fill()
-        return dict.__repr__(self)
 
     def __reduce__(self) -> Any:  # a copy or pickle is a plain dict, whole
         self._fill()
         return (dict, (dict(dict.items(self)),))
+
+
+def _filled_first(name: str) -> Callable[..., Any]:
+    """dict's method `name`, called once the containers are decoded (it sees every key)."""
+    plain = getattr(dict, name)
+
+    def method(self: SlimSpec, *args: Any) -> Any:
+        self._fill()
+        return plain(self, *args)
+
+    method.__name__, method.__qualname__ = name, f"SlimSpec.{name}"
+    return method
+
+
+for _name in ("__contains__", "__iter__", "__len__", "keys", "items", "values", "__eq__", "__repr__"):
+    setattr(SlimSpec, _name, _filled_first(_name))
 
 
 def slim_pod(message: Any) -> dict[str, Any]:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import threading
 from pathlib import Path
 
-from share_core.config import add_config_arg, parse_args, start_logging
+from share_core.config import parse_args, start_logging
 from share_core.contract import (
     DEFAULT_CDI_DIR,
     DEFAULT_CDI_SPEC_DIRS,
@@ -24,57 +22,69 @@ from share_core.contract import (
     DRA_UNHEALTHY_WITHDRAW,
     MemoryUnit,
 )
-from share_node.backend.options import add_agent_args, add_backend_args, open_backend
+from share_node.agent import open_agent, stop_on_signals
+from share_node.backend.options import add_backend_args, agent_parser, env_arg
 from share_placement import POLICIES
 
 log = logging.getLogger("share_dra")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="share-dra", description=f"DRA kubelet plugin for driver {DRA_DRIVER_NAME}")
-    add_config_arg(p)
-    add_agent_args(p)
-    p.add_argument(
+    p = agent_parser("share-dra", f"DRA kubelet plugin for driver {DRA_DRIVER_NAME}")
+    env_arg(
+        p,
         "--plugins-registry-dir",
-        default=env("GPUSHARE_PLUGINS_REGISTRY_DIR", DEFAULT_PLUGINS_REGISTRY_DIR),
+        "GPUSHARE_PLUGINS_REGISTRY_DIR",
+        DEFAULT_PLUGINS_REGISTRY_DIR,
         help="kubelet's plugin watcher dir; the registration socket is created there",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--plugin-dir",
-        default=env("GPUSHARE_DRA_PLUGIN_DIR", DEFAULT_DRA_PLUGIN_DIR),
+        "GPUSHARE_DRA_PLUGIN_DIR",
+        DEFAULT_DRA_PLUGIN_DIR,
         help="the DRA service socket (dra.sock) and the checkpoint live here",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--endpoint",
-        default=env("GPUSHARE_DRA_ENDPOINT", ""),
+        "GPUSHARE_DRA_ENDPOINT",
+        "",
         help="the DRA socket's path as kubelet sees it, if not <plugin-dir>/dra.sock",
     )
-    p.add_argument("--cdi-dir", default=env("GPUSHARE_CDI_DIR", DEFAULT_CDI_DIR), help="where claim CDI specs go")
-    p.add_argument(
+    env_arg(p, "--cdi-dir", "GPUSHARE_CDI_DIR", DEFAULT_CDI_DIR, help="where claim CDI specs go")
+    env_arg(
+        p,
         "--cdi-spec-dirs",
-        default=env("GPUSHARE_CDI_SPEC_DIRS", ",".join(DEFAULT_CDI_SPEC_DIRS)),
+        "GPUSHARE_CDI_SPEC_DIRS",
+        ",".join(DEFAULT_CDI_SPEC_DIRS),
         help="comma-separated dirs where NVIDIA's CDI spec (nvidia.com/gpu) may be; its devices are referenced",
     )
     add_backend_args(p)
-    p.add_argument(
+    env_arg(
+        p,
         "--memory-unit",
-        default=env("MEMORY_UNIT", "GiB"),
+        "MEMORY_UNIT",
+        "GiB",
         choices=["GiB", "MiB"],
         help="the step claims consume memory in (the request policy's default, minimum and step)",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--unhealthy",
+        "GPUSHARE_DRA_UNHEALTHY",
+        DRA_UNHEALTHY_WITHDRAW,
         choices=list(DRA_UNHEALTHY_MODES),
-        default=env("GPUSHARE_DRA_UNHEALTHY", DRA_UNHEALTHY_WITHDRAW),
         help="an unhealthy GPU: withdraw it from the slice (any Kubernetes), or taint it NoSchedule and keep it "
         "listed (needs DRADeviceTaints: Kubernetes 1.36+)",
     )
-    p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
+    env_arg(p, "--device-id-strategy", "DEVICE_ID_STRATEGY", "uuid", choices=["uuid", "index"])
     p.add_argument("--resync", type=float, default=60.0, help="seconds between checks of the published slice")
-    p.add_argument(
+    env_arg(
+        p,
         "--policy",
-        default=env("GPUSHARE_POLICY", ""),
+        "GPUSHARE_POLICY",
+        "",
         choices=["", *sorted(POLICIES)],
         help="list the GPUs in this placement policy's order, kept as claims come and go, so kube-scheduler's "
         "first fit takes the GPU the policy would (watches every ResourceClaim); empty (default): index order",
@@ -89,24 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--node-name (or env NODE_NAME) is required: the slice is published for that node")
         return 2
 
-    from share_core.kube import ApiServerClient
     from share_dra.driver import CHECKPOINT_NAME, Checkpoint, Driver
     from share_dra.kubeapi import ApiServerDraApi
     from share_dra.publisher import SlicePublisher
     from share_dra.server import PluginServers, Sockets
-    from share_node.backend import BackendError
 
     unit = MemoryUnit.parse(args.memory_unit)
-    try:
-        backend = open_backend(args, args.node_name)
-    except (BackendError, ValueError) as exc:
-        log.error("cannot start the %s backend: %s", args.backend, exc)
+    if (opened := open_agent(args, "gpushare-dra", log)) is None:
         return 1
-    try:
-        client = ApiServerClient.from_kubeconfig(args.kubeconfig, component="gpushare-dra", timeout=5.0)
-    except Exception as exc:
-        log.error("cannot load the Kubernetes client configuration (%s): %s", args.kubeconfig or "in-cluster", exc)
-        return 1
+    backend, client = opened
     api = ApiServerDraApi(client)
     driver_version = str(getattr(backend, "driver_version", "") or "")
     usage = None
@@ -155,14 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        stop.set()
-        publisher.kick.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(log, stop, publisher.kick)
 
     def on_health(uuid: str, healthy: bool, why: str) -> None:
         log.warning("GPU %s is %s (%s): updating the ResourceSlice", uuid, "healthy" if healthy else "UNHEALTHY", why)

@@ -18,7 +18,6 @@ the claim is allocated but no live pod holds it (its memory stays taken until th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from share_core.contract import (
 )
 from share_core.gpus import GpuInfo, node_gpus
 from share_core.gpuusage import UsageSummary, parse_gpu_usage
+from share_core.hardlimit import HardLimitStatus
 from share_core.request import InvalidRequest, pod_request
 from share_inspect.dra import DraClaim, DraGpu, DraState, to_units
 
@@ -90,20 +90,6 @@ class GpuRow:
         return max(self.total - self.allocated, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class HardLimitRow:
-    """Whether the node's agent puts the driver's hard GPU memory limit on each pod, and if not, why."""
-
-    enforced: bool
-    mode: str
-    reason: str
-    driver: str = ""
-
-    @property
-    def text(self) -> str:
-        return f"{'enforced' if self.enforced else 'not enforced'} (--hard-limit {self.mode}): {self.reason}"
-
-
 @dataclass(slots=True)
 class NodeRow:
     name: str
@@ -114,7 +100,7 @@ class NodeRow:
     problems: list[str] = field(default_factory=list)
     usage_time: str | None = None  # when the plugin measured the `used` figures; None: it reports none
     mode: str = MODE_DEVICE_PLUGIN
-    hard_limit: HardLimitRow | None = None  # the node agent's `gpushare.io/hard-limit`; None: not said
+    hard_limit: HardLimitStatus | None = None  # the node agent's `gpushare.io/hard-limit`; None: not said
 
     @property
     def allocated(self) -> int:
@@ -291,16 +277,13 @@ def _node_row(
     return row, measured
 
 
-def _hard_limit(node: Obj, problems: list[str]) -> HardLimitRow | None:
+def _hard_limit(node: Obj, problems: list[str]) -> HardLimitStatus | None:
     """The node agent's `gpushare.io/hard-limit`; a garbage one is reported."""
     raw = ((node.get("metadata") or {}).get("annotations") or {}).get(ANN_NODE_HARD_LIMIT)
     if not raw:
         return None
     try:
-        data = json.loads(raw)
-        return HardLimitRow(
-            bool(data["enforced"]), str(data.get("mode", "")), str(data.get("reason", "")), str(data.get("driver", ""))
-        )
+        return HardLimitStatus.parse(raw)
     except (ValueError, TypeError, KeyError) as exc:
         problems.append(f"annotation {ANN_NODE_HARD_LIMIT} is not what the node agent writes ({exc}): {raw[:80]!r}")
         return None

@@ -28,7 +28,6 @@ the stand-in that behaves as NVIDIA documents (share_node/backend/sim.py).
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import os
 import re
@@ -46,6 +45,7 @@ from share_core.contract import (
     HARD_LIMIT_OFF,
     MemoryUnit,
 )
+from share_core.hardlimit import HardLimitStatus
 
 log = logging.getLogger(__name__)
 
@@ -141,28 +141,10 @@ class Facts:
 
 
 @dataclass(frozen=True, slots=True)
-class Support:
-    """Whether this node enforces hard limits, on which GPUs, and a sentence for people."""
+class Support(HardLimitStatus):
+    """Whether this node enforces hard limits (what it publishes), and on which GPUs."""
 
-    mode: str
-    enforced: bool
-    reason: str
-    driver: str = ""
     gpus: tuple[str, ...] = ()  # the GPU UUIDs limits are set on
-
-    def annotation(self, agent: str, time: str) -> str:
-        """The `gpushare.io/hard-limit` node annotation."""
-        return json.dumps(
-            {
-                "mode": self.mode,
-                "enforced": self.enforced,
-                "reason": self.reason,
-                "driver": self.driver,
-                "agent": agent,
-                "time": time,
-            },
-            sort_keys=True,
-        )
 
 
 def unsupported_driver(driver: str) -> str:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import signal
 import threading
 
-from share_core.config import add_config_arg, parse_args, start_logging
+from share_core.config import parse_args, start_logging
 from share_core.contract import (
     ANN_NODE_GPUS,
     DEFAULT_DEVICE_PLUGIN_DIR,
@@ -20,7 +18,8 @@ from share_core.contract import (
     RESOURCE_MEM,
     MemoryUnit,
 )
-from share_node.backend.options import add_agent_args, add_backend_args, env_bool, open_backend
+from share_node.agent import open_agent, stop_on_signals
+from share_node.backend.options import add_backend_args, agent_parser, env_arg, env_bool
 from share_plugin.monitor import DEFAULT_INTERVAL
 from share_plugin.usage import OverLimitMode
 
@@ -28,52 +27,57 @@ log = logging.getLogger("share_plugin")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="share-plugin", description=f"kubelet device plugin advertising {RESOURCE_MEM}")
-    add_config_arg(p)
-    add_agent_args(p)
-    p.add_argument("--device-plugin-dir", default=env("DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR))
-    p.add_argument("--pod-resources-socket", default=env("POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET))
+    p = agent_parser("share-plugin", f"kubelet device plugin advertising {RESOURCE_MEM}")
+    env_arg(p, "--device-plugin-dir", "DEVICE_PLUGIN_DIR", DEFAULT_DEVICE_PLUGIN_DIR)
+    env_arg(p, "--pod-resources-socket", "POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET)
     add_backend_args(p)
-    p.add_argument("--memory-unit", default=env("MEMORY_UNIT", "GiB"), choices=["GiB", "MiB"])
-    p.add_argument("--device-id-strategy", choices=["uuid", "index"], default=env("DEVICE_ID_STRATEGY", "uuid"))
-    p.add_argument(
+    env_arg(p, "--memory-unit", "MEMORY_UNIT", "GiB", choices=["GiB", "MiB"])
+    env_arg(p, "--device-id-strategy", "DEVICE_ID_STRATEGY", "uuid", choices=["uuid", "index"])
+    env_arg(
+        p,
         "--device-list-strategy",
+        "DEVICE_LIST_STRATEGY",
+        DEVICE_LIST_ENVVAR,
         choices=list(DEVICE_LIST_STRATEGIES),
-        default=env("DEVICE_LIST_STRATEGY", DEVICE_LIST_ENVVAR),
         help="how the container runtime learns the GPU: envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts "
         "(mounts the NVIDIA toolkit reads; a pod cannot forge them), cdi-cri (CDI device names in Allocate)",
     )
     p.add_argument("--mps", action=argparse.BooleanOptionalAction, default=env_bool("GPUSHARE_MPS", False))
-    p.add_argument(
+    env_arg(
+        p,
         "--mps-pipe-dir",
-        default=env("GPUSHARE_MPS_PIPE_DIR", DEFAULT_MPS_PIPE_DIR),
+        "GPUSHARE_MPS_PIPE_DIR",
+        DEFAULT_MPS_PIPE_DIR,
         help="with --mps: the MPS control daemon's pipe directory on the node, mounted into each container",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--mps-shm-dir",
-        default=env("GPUSHARE_MPS_SHM_DIR", ""),
+        "GPUSHARE_MPS_SHM_DIR",
+        "",
         help="with --mps: the directory on the node the daemon uses as /dev/shm, mounted as each container's /dev/shm",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--monitor-interval",
+        "GPUSHARE_MONITOR_INTERVAL",
+        DEFAULT_INTERVAL,
         type=float,
-        default=float(env("GPUSHARE_MONITOR_INTERVAL", str(DEFAULT_INTERVAL))),
         help="seconds between polls of the GPU memory each container uses (0: no monitoring, no metrics)",
     )
-    p.add_argument("--metrics-port", type=int, default=int(env("GPUSHARE_METRICS_PORT", "9445")))
-    p.add_argument("--metrics-address", default=env("GPUSHARE_METRICS_ADDRESS", "0.0.0.0"))
-    p.add_argument(
+    env_arg(p, "--metrics-port", "GPUSHARE_METRICS_PORT", 9445, type=int)
+    env_arg(p, "--metrics-address", "GPUSHARE_METRICS_ADDRESS", "0.0.0.0")
+    env_arg(
+        p,
         "--over-limit",
+        "GPUSHARE_OVER_LIMIT",
+        OverLimitMode.WARN.value,
         choices=[m.value for m in OverLimitMode],
-        default=env("GPUSHARE_OVER_LIMIT", OverLimitMode.WARN.value),
         help="a container over its GPU memory limit: warn (Event, log, metric) or kill (also end its processes "
         "on that GPU after --over-limit-grace)",
     )
-    p.add_argument("--over-limit-grace", type=float, default=float(env("GPUSHARE_OVER_LIMIT_GRACE", "30")))
-    p.add_argument(
-        "--proc-root", default=env("GPUSHARE_PROC_ROOT", "/proc"), help="where process cgroups are read (tests)"
-    )
+    env_arg(p, "--over-limit-grace", "GPUSHARE_OVER_LIMIT_GRACE", 30.0, type=float)
+    env_arg(p, "--proc-root", "GPUSHARE_PROC_ROOT", "/proc", help="where process cgroups are read (tests)")
     p.add_argument("--usage-annotation-interval", type=float, default=30.0, help="seconds between writes, at least")
     p.add_argument("--usage-annotation-threshold", type=int, default=256, help="MiB a figure must move to be written")
     p.add_argument(
@@ -82,9 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="seconds between looks for changed GPUs (a new MIG layout is republished); 0: never",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--sim-processes-file",
-        default=env("GPUSHARE_SIM_PROCESSES_FILE"),
+        "GPUSHARE_SIM_PROCESSES_FILE",
         help='sim backend: JSON list of simulated GPU processes [{"pid": N, "gpu": index, "usedMiB": N}], polled',
     )
     p.add_argument(
@@ -105,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--node-name (or env NODE_NAME) is required: the plugin serves the pods bound to its node")
         return 2
 
-    from share_core.kube import ApiServerClient
-    from share_node.backend import BackendError
     from share_plugin.allocator import Allocator
     from share_plugin.devices import DeviceListTooLarge
     from share_plugin.podresources import PodResourcesClient
@@ -114,16 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     from share_plugin.server import DevicePlugin, PluginConfig
 
     unit = MemoryUnit.parse(args.memory_unit)
-    try:
-        backend = open_backend(args, args.node_name, processes_file=args.sim_processes_file)
-    except (BackendError, ValueError) as exc:
-        log.error("cannot start the %s backend: %s", args.backend, exc)
+    if (opened := open_agent(args, "gpushare-device-plugin", log, args.sim_processes_file)) is None:
         return 1
-    try:
-        kube = ApiServerClient.from_kubeconfig(args.kubeconfig, component="gpushare-device-plugin", timeout=5.0)
-    except Exception as exc:
-        log.error("cannot load the Kubernetes client configuration (%s): %s", args.kubeconfig or "in-cluster", exc)
-        return 1
+    backend, kube = opened
     config = PluginConfig(
         node=args.node_name,
         device_plugin_dir=args.device_plugin_dir,
@@ -167,14 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        stop.set()
-        plugin.stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(log, stop, plugin.stopping)
     log.info(
         "node %s: %s backend, %d GPUs, unit %s, %d devices",
         args.node_name,

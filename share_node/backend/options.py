@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
+from share_core.config import add_config_arg
 from share_core.contract import DEFAULT_CGROUP_ROOT, HARD_LIMIT_AUTO, HARD_LIMIT_MODES
 from share_node.backend import GpuBackend
 from share_node.hardlimit import MemoryLimits
@@ -17,53 +19,75 @@ def env_bool(name: str, default: bool) -> bool:
     return default if raw is None else raw.strip().lower() in ("1", "true", "yes", "on")
 
 
-def add_agent_args(p: argparse.ArgumentParser) -> None:
-    """What every node agent is told: the node it serves, how it reaches the API server, whether the
-    driver holds each pod to its share (the hard limit), how much it logs."""
-    env = os.environ.get
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME)")
-    p.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="kubeconfig file; in-cluster config if unset")
-    p.add_argument(
+def env_arg(
+    p: argparse.ArgumentParser, flag: str, var: str, default: Any = None, help: str | None = None, **kw: Any
+) -> None:
+    """A flag whose default is environment variable `var` (how the chart sets it), else `default`; with a
+    `type`, the variable's text is converted by it."""
+    raw = os.environ.get(var)
+    if raw is not None:
+        default = kw["type"](raw) if "type" in kw else raw
+    p.add_argument(flag, default=default, help=help, **kw)
+
+
+def agent_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A node agent's parser, holding what every agent is told: its configuration file, the node it serves,
+    how it reaches the API server, whether the driver holds each pod to its share (the hard limit), how
+    much it logs."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    add_config_arg(p)
+    env_arg(p, "--node-name", "NODE_NAME", help="this node's name (env NODE_NAME)")
+    env_arg(p, "--kubeconfig", "KUBECONFIG", help="kubeconfig file; in-cluster config if unset")
+    env_arg(
+        p,
         "--hard-limit",
+        "GPUSHARE_HARD_LIMIT",
+        HARD_LIMIT_AUTO,
         choices=list(HARD_LIMIT_MODES),
-        default=env("GPUSHARE_HARD_LIMIT", HARD_LIMIT_AUTO),
         help="a hard GPU memory limit per pod (its share of each GPU), enforced by the NVIDIA driver per cgroup "
         "(R615+, cgroup v2, not MIG): auto (where supported, else say why and fall back), cgroup (required: "
         "refuse to start without), off",
     )
-    p.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"))
+    env_arg(p, "--log-level", "LOG_LEVEL", "INFO")
+    return p
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    p.add_argument("--backend", choices=["nvml", "sim"], default=env("GPUSHARE_BACKEND", "nvml"))
-    p.add_argument("--sim-gpus", default=env("SIM_GPUS", "2xA100:80GiB,1xT4:16GiB"), help="e.g. 4xT4:16GiB")
-    p.add_argument(
+    env_arg(p, "--backend", "GPUSHARE_BACKEND", "nvml", choices=["nvml", "sim"])
+    env_arg(p, "--sim-gpus", "SIM_GPUS", "2xA100:80GiB,1xT4:16GiB", help="e.g. 4xT4:16GiB")
+    env_arg(
+        p,
         "--sim-health-file",
-        default=env("GPUSHARE_SIM_HEALTH_FILE"),
+        "GPUSHARE_SIM_HEALTH_FILE",
         help="sim backend: file listing unhealthy GPUs (index or UUID per line), polled",
     )
     p.add_argument("--health-check", action=argparse.BooleanOptionalAction, default=env_bool("HEALTH_CHECK", True))
-    p.add_argument(
+    env_arg(
+        p,
         "--ignored-xids",
-        default=env("GPUSHARE_IGNORED_XIDS"),
+        "GPUSHARE_IGNORED_XIDS",
         help="comma-separated XIDs that do not make a GPU unhealthy (default 13,31,43,45,68,109)",
     )
     # The hard limit's ground (--hard-limit itself is each agent's own flag).
-    p.add_argument(
+    env_arg(
+        p,
         "--cgroup-root",
-        default=env("GPUSHARE_CGROUP_ROOT", DEFAULT_CGROUP_ROOT),
+        "GPUSHARE_CGROUP_ROOT",
+        DEFAULT_CGROUP_ROOT,
         help="--hard-limit: the cgroup v2 mount where kubelet's pod cgroups are found (the host's, mounted at the "
         "same path: NVML takes the full path)",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--sim-driver-version",
-        default=env("GPUSHARE_SIM_DRIVER_VERSION", "615.0"),
+        "GPUSHARE_SIM_DRIVER_VERSION",
+        "615.0",
         help="sim backend: the driver version the NVML stand-in reports (below 615: memory limits NOT_SUPPORTED)",
     )
-    p.add_argument(
+    env_arg(
+        p,
         "--sim-memory-limits-file",
-        default=env("GPUSHARE_SIM_MEMORY_LIMITS_FILE"),
+        "GPUSHARE_SIM_MEMORY_LIMITS_FILE",
         help="sim backend: where the NVML stand-in keeps per-cgroup memory limits (the driver's state; it "
         "outlives the agent)",
     )

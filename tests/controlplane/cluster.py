@@ -209,11 +209,18 @@ def http_status(url: str, timeout: float = 2.0) -> int:
 
 
 def _wait_healthz(proc: ManagedProcess, port: int, timeout: float) -> None:
-    """Wait for a component's /healthz on 127.0.0.1:<port>, served with its own self-signed cert."""
+    """Wait for a component's /healthz on 127.0.0.1:<port>, served with its own self-signed cert; one that
+    does not get healthy (or an interrupted wait) is stopped."""
     insecure = ssl.create_default_context()
     insecure.check_hostname = False
     insecure.verify_mode = ssl.CERT_NONE
-    wait_until(proc, lambda: _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200, timeout, "healthy")
+    try:
+        wait_until(
+            proc, lambda: _http_get(f"https://{LOOPBACK}:{port}/healthz", insecure)[0] == 200, timeout, "healthy"
+        )
+    except BaseException:
+        proc.stop()
+        raise
 
 
 def _b64(path: Path) -> str:
@@ -469,13 +476,8 @@ class ControlPlane(StartStop):
             ],
             self.log_dir / f"{name}.log",
         )
-        handle = SchedulerHandle(proc, port, config_path, kubeconfig)
-        try:
-            _wait_healthz(proc, port, timeout)
-        except BaseException:
-            proc.stop()
-            raise
-        return handle
+        _wait_healthz(proc, port, timeout)
+        return SchedulerHandle(proc, port, config_path, kubeconfig)
 
     def stop_scheduler(self) -> None:
         """Stop kube-scheduler if one runs (by its PID)."""
@@ -523,12 +525,8 @@ class ControlPlane(StartStop):
             ],
             self.log_dir / "kube-controller-manager.log",
         )
+        _wait_healthz(proc, self.controller_manager_port, timeout)
         self._controller_manager = proc
-        try:
-            _wait_healthz(proc, self.controller_manager_port, timeout)
-        except BaseException:
-            self.stop_controller_manager()
-            raise
         return proc
 
     def stop_controller_manager(self) -> None:

@@ -118,6 +118,11 @@ def _creation_order(pods: Iterable[Pod]) -> list[Pod]:
     return sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
 
 
+def _device_manager_view(name: str) -> Any:
+    """A read-only attribute of the stand-in that reads its device manager's `name`."""
+    return property(lambda self: getattr(self.dm, name))
+
+
 class KubeletStandIn:
     def __init__(
         self,
@@ -175,26 +180,13 @@ class KubeletStandIn:
 
     # -- what tests read ------------------------------------------------------------------------------
 
-    @property
-    def devices(self) -> dict[str, str]:
-        """Device ID -> health as the plugin last listed it (allDevices)."""
-        return self.dm.devices
-
-    @property
-    def registrations(self) -> int:
-        return self.dm.registrations
-
-    @property
-    def endpoint(self) -> str:
-        return self.dm.endpoint
-
-    @property
-    def updates(self) -> int:
-        return self.dm.updates
-
-    @property
-    def last_message_bytes(self) -> int:
-        return self.dm.last_message_bytes
+    # The device manager's own view: device ID -> health as the plugin last listed it (allDevices), how
+    # often it registered, its socket, how many ListAndWatch updates came and the last one's size.
+    devices = _device_manager_view("devices")
+    registrations = _device_manager_view("registrations")
+    endpoint = _device_manager_view("endpoint")
+    updates = _device_manager_view("updates")
+    last_message_bytes = _device_manager_view("last_message_bytes")
 
     @property
     def allocate_calls(self) -> list[AllocateCall]:

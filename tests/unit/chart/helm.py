@@ -185,16 +185,18 @@ def cluster_role_rules(docs: Iterable[Obj], name_of_component: str) -> list[Obj]
 
 
 def program_args(docs: Iterable[Obj], workload: Obj, container_name: str, parser: Any) -> Any:
-    """A container's settings as its program resolves them: the chart's configuration ConfigMap, as the
-    container mounts it, read through `--config` (share_core.config), then the container's own args.
+    """A container's settings as its program (the one `parser` parses for) resolves them: the chart's
+    configuration ConfigMap, as the container mounts it, read through `--config` (share_core.config), then
+    the container's own args.
 
-    The ConfigMap must be the one the container's mount names, at the path its `--config` gives: a
-    chart that mounted another (or none) fails here, not on a node."""
+    The container must run that program, and the ConfigMap must be the one its mount names, at the path its
+    `--config` gives: a chart that mounted another (or none) fails here, not on a node."""
     import tempfile
 
     from share_core.config import parse_args
 
     c = container(workload, container_name)
+    assert c["command"] == [parser.prog], f"{container_name} runs {c['command']}, not {parser.prog}"
     args = list(c.get("args") or [])
     given = [a for a in args if a.startswith("--config=")]
     assert len(given) == 1, f"{container_name}: exactly one --config=, got {args}"

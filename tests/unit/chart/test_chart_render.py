@@ -58,6 +58,20 @@ def deployment(docs: Iterable[Obj]) -> Obj:
     return h.component(docs, "Deployment", "scheduler")
 
 
+def plugin_args(docs: list[Obj]) -> Any:
+    """The chart's settings (its ConfigMap and args) as share-plugin itself reads them."""
+    from share_plugin.cli import build_parser
+
+    return h.program_args(docs, daemonset(docs), "device-plugin", build_parser())
+
+
+def extender_args(docs: list[Obj]) -> Any:
+    """The chart's settings (its ConfigMap and args) as share-scheduler itself reads them."""
+    from share_scheduler.cli import build_parser
+
+    return h.program_args(docs, deployment(docs), "extender", build_parser())
+
+
 def pod_spec(workload: Obj) -> Obj:
     return workload["spec"]["template"]["spec"]
 
@@ -315,20 +329,17 @@ def test_daemonset_security_context_is_tight(default_docs: list[Obj], all_docs: 
 @pytest.mark.parametrize("off", ["off", False], ids=["quoted", "yaml-false"])
 def test_hard_limit_off_adds_no_capability_and_no_cgroup_mount(helm: Any, off: object) -> None:
     docs = h.render_chart(set_values={"devicePlugin.hardLimit": off}, kube_version=KUBE_VERSION)
-    from share_plugin.cli import build_parser
 
     ds = daemonset(docs)
     c = h.container(ds, "device-plugin")
-    assert h.program_args(docs, ds, "device-plugin", build_parser()).hard_limit == "off"
+    assert plugin_args(docs).hard_limit == "off"
     assert "cgroup" not in {v["name"] for v in pod_spec(ds)["volumes"]}
     _tight(c["securityContext"], {"drop": ["ALL"]})
 
 
 def test_hard_limit_args_reach_share_plugin(all_docs: list[Obj], default_docs: list[Obj]) -> None:
-    from share_plugin.cli import build_parser
-
     for docs, mode, root in ((default_docs, "auto", "/sys/fs/cgroup"), (all_docs, "cgroup", "/sys/fs/cgroup/unified")):
-        args = h.program_args(docs, daemonset(docs), "device-plugin", build_parser())
+        args = plugin_args(docs)
         assert (args.hard_limit, args.cgroup_root) == (mode, root)
 
 
@@ -337,9 +348,8 @@ def test_monitor_off_needs_no_host_pid(helm: Any) -> None:
     ds = daemonset(docs)
     assert not pod_spec(ds).get("hostPID")
     c = h.container(ds, "device-plugin")
-    from share_plugin.cli import build_parser
 
-    assert h.program_args(docs, ds, "device-plugin", build_parser()).monitor_interval == 0 and "ports" not in c
+    assert plugin_args(docs).monitor_interval == 0 and "ports" not in c
 
 
 def _tight(sc: Obj, caps: Obj) -> None:
@@ -354,22 +364,17 @@ def _tight(sc: Obj, caps: Obj) -> None:
 
 @both
 def test_plugin_args_are_accepted_by_share_plugin(docs: list[Obj]) -> None:
-    from share_plugin.cli import build_parser
-
     ds = daemonset(docs)
     c = h.container(ds, "device-plugin")
-    assert c["command"] == ["share-plugin"]
-    args = h.program_args(docs, ds, "device-plugin", build_parser())
+    args = plugin_args(docs)  # the container runs share-plugin
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert args.device_plugin_dir == mounts["device-plugins"]
     assert args.pod_resources_socket == mounts["pod-resources"] + "/kubelet.sock"
 
 
 def test_plugin_options_default(default_docs: list[Obj]) -> None:
-    from share_plugin.cli import build_parser
-
     c = h.container(daemonset(default_docs), "device-plugin")
-    args = h.program_args(default_docs, daemonset(default_docs), "device-plugin", build_parser())
+    args = plugin_args(default_docs)
     assert (args.backend, args.memory_unit, args.health_check, args.mps, args.device_id_strategy) == (
         "nvml",
         "GiB",
@@ -391,10 +396,8 @@ def test_plugin_options_default(default_docs: list[Obj]) -> None:
 
 
 def test_plugin_options_all_on(all_docs: list[Obj], all_values: dict[str, Any]) -> None:
-    from share_plugin.cli import build_parser
-
     ds = daemonset(all_docs)
-    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
+    args = plugin_args(all_docs)
     dp = all_values["devicePlugin"]
     assert args.backend == "sim" and args.sim_gpus == dp["simGpus"]
     assert args.memory_unit == "MiB"
@@ -456,12 +459,9 @@ def test_gpushare_image_defaults_to_app_version(default_docs: list[Obj]) -> None
 
 @both
 def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[Obj]) -> None:
-    from share_scheduler.cli import build_parser
-
     dep = deployment(docs)
     ext = h.container(dep, "extender")
-    assert ext["command"] == ["share-scheduler"]
-    args = h.program_args(docs, dep, "extender", build_parser())
+    args = extender_args(docs)  # the container runs share-scheduler
     assert args.bind_address == "0.0.0.0", "the Service reaches inspect and /metrics on the pod IP"
     port = next(p for p in ext["ports"] if p["name"] == "http")
     assert port["containerPort"] == args.port
@@ -476,9 +476,7 @@ def test_extender_listens_where_kube_scheduler_and_service_reach_it(docs: list[O
 
 @both
 def test_extender_options_parse(docs: list[Obj]) -> None:
-    from share_scheduler.cli import build_parser
-
-    args = h.program_args(docs, deployment(docs), "extender", build_parser())
+    args = extender_args(docs)
     assert args.policy in {"frag", "spread"}
     assert args.memory_unit in {"GiB", "MiB"}
     assert args.log_level in {"INFO", "DEBUG"}
@@ -486,18 +484,14 @@ def test_extender_options_parse(docs: list[Obj]) -> None:
 
 def test_default_policy_is_frag(default_docs: list[Obj]) -> None:
     """The chart's default placement is frag (docs/policies.md, "Why frag is the default")."""
-    from share_scheduler.cli import build_parser
 
-    args = h.program_args(default_docs, deployment(default_docs), "extender", build_parser())
+    args = extender_args(default_docs)
     assert args.policy == "frag"
 
 
 def test_memory_unit_reaches_plugin_and_extender(all_docs: list[Obj]) -> None:
-    from share_plugin.cli import build_parser as plugin_parser
-    from share_scheduler.cli import build_parser as sched_parser
-
-    plugin = h.program_args(all_docs, daemonset(all_docs), "device-plugin", plugin_parser())
-    ext = h.program_args(all_docs, deployment(all_docs), "extender", sched_parser())
+    plugin = plugin_args(all_docs)
+    ext = extender_args(all_docs)
     assert plugin.memory_unit == ext.memory_unit == "MiB"
     assert ext.policy == "spread" and ext.threads == 16 and ext.port == 23456
 
@@ -593,10 +587,9 @@ def test_filter_keeps_decides_prioritize(default_docs: list[Obj], all_docs: list
     assert "prioritizeVerb" not in best and "weight" not in best  # one HTTP call per scheduling cycle
     fitting = h.scheduler_config(all_docs)["extenders"][0]
     assert (fitting["prioritizeVerb"], fitting["weight"]) == ("prioritize", 200)
-    from share_scheduler.cli import build_parser
 
     for docs, keeps, events in ((default_docs, "best", "failures"), (all_docs, "fitting", "all")):
-        args = h.program_args(docs, deployment(docs), "extender", build_parser())
+        args = extender_args(docs)
         assert (args.filter_keeps, args.bind_events) == (keeps, events)
 
 
@@ -699,14 +692,13 @@ def test_uninstall_hook_cleans_nodes_with_the_plugins_account(default_docs: list
 
 def test_mps_daemon_beside_the_plugin(all_docs: list[Obj]) -> None:
     """MPS: the control daemon runs in the plugin's pod, its pipe where the plugin checks it and Allocate mounts it."""
-    from share_plugin.cli import build_parser
 
     ds = daemonset(all_docs)
     spec = pod_spec(ds)
     daemon = h.container(ds, "mps-control-daemon")
     assert daemon["command"] == ["nvidia-cuda-mps-control", "-f"]
     env = {e["name"]: e["value"] for e in daemon["env"]}
-    args = h.program_args(all_docs, ds, "device-plugin", build_parser())
+    args = plugin_args(all_docs)
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == args.mps_pipe_dir
     assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpushare-test/mps/log"
     assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"]

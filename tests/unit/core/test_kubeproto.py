@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest, pod_request
 from share_scheduler.nodes import pod_record
 from tests.unit.core.streamserver import StreamServer, serving, watcher
+from tests.unit.core.test_httpconn import Server
 
 ROOT = Path(__file__).resolve().parents[3]
 PROTOS = (
@@ -159,55 +159,33 @@ class BindServer:
     def __init__(self, refuse_protobuf: bool) -> None:
         self.refuse_protobuf = refuse_protobuf
         self.requests: list[tuple[str, str, bytes]] = []  # (path, content type, body)
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.http = Server(self._answer)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
-
-    def _handle(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                head, _, rest = data.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
-                length = int(headers.get("content-length", "0"))
-                while len(rest) < length:
-                    rest += conn.recv(65536)
-                body, data = rest[:length], rest[length:]
-                ctype = headers.get("content-type", "")
-                self.requests.append((lines[0].split()[1], ctype, body))
-                if ctype == kubeproto.CONTENT_TYPE and self.refuse_protobuf:
-                    status, answer = 415, {"kind": "Status", "reason": "UnsupportedMediaType", "code": 415}
-                elif b"taken" in body:
-                    status, answer = 409, {"kind": "Status", "reason": "Conflict", "message": "uid", "code": 409}
-                else:
-                    status, answer = 201, {"kind": "Status", "status": "Success", "code": 201}
-                out = json.dumps(answer).encode()
-                conn.sendall(
-                    b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                    % (status, len(out), out)
-                )
+    def _answer(self, conn: socket.socket, request: bytes) -> bool:
+        head, _, body = request.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+        ctype = headers.get("content-type", "")
+        self.requests.append((lines[0].split()[1], ctype, body))
+        if ctype == kubeproto.CONTENT_TYPE and self.refuse_protobuf:
+            status, answer = 415, {"kind": "Status", "reason": "UnsupportedMediaType", "code": 415}
+        elif b"taken" in body:
+            status, answer = 409, {"kind": "Status", "reason": "Conflict", "message": "uid", "code": 409}
+        else:
+            status, answer = 201, {"kind": "Status", "status": "Success", "code": 201}
+        out = json.dumps(answer).encode()
+        conn.sendall(
+            b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (status, len(out), out)
+        )
+        return True
 
     def client(self) -> ApiServerClient:
         cfg = client.Configuration()
-        cfg.host = f"http://127.0.0.1:{self.port}"
+        cfg.host = self.http.url()
         return ApiServerClient(cfg)
 
     def close(self) -> None:
-        self.sock.close()
+        self.http.sock.close()
 
 
 @pytest.fixture(params=[False, True], ids=["accepts-protobuf", "refuses-protobuf"])

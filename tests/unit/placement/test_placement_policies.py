@@ -95,8 +95,10 @@ def test_cpu_only_demand_needs_no_gpu(name):
     assert policy.choose(node("n", 0, cpu_free=1000), Demand(0, count=0, cpu=2000)) is None
 
 
-def test_binpack_picks_tightest_gpu_and_fullest_node():
-    p = BinpackPolicy()
+@pytest.mark.parametrize("policy", [BinpackPolicy, FragPolicy], ids=["binpack", "frag-without-workload"])
+def test_best_fit_picks_tightest_gpu_and_fullest_node(policy):
+    """Binpack, and frag before it has learned a workload (it then is best fit)."""
+    p = policy()
     assert p.choose(node("n", 1000, 600, 500), Demand(500)) == (2,)
     a, b = node("a", 600, 1000), node("b", 600, 0)
     assert p.score(b, Demand(500)) > p.score(a, Demand(500))  # same leftover, fuller node
@@ -191,13 +193,6 @@ def test_fragmentation_hand_checked():
     t4 = table((700, 1, 0, 1.0), (1000, 2, 0, 3.0))
     assert fragmentation(gpus, None, t4, fill_weight=0.0) == pytest.approx(0.25 * 500 + 0.75 * 1500)
     assert fragmentation((("A", 0),), None, t4) == 0.0
-
-
-def test_frag_without_workload_is_best_fit():
-    p = FragPolicy()
-    assert p.choose(node("n", 1000, 600, 500), Demand(500)) == (2,)
-    a, b = node("a", 600, 1000), node("b", 600, 0)
-    assert best_node([a, b], Demand(500), p) is b
 
 
 def test_frag_keeps_room_for_the_typical_pod_where_binpack_does_not():

@@ -20,7 +20,7 @@ from share_plugin.publisher import Publisher
 from share_plugin.server import DevicePlugin, PluginConfig
 from tests.kubelet.standin import AdmissionError
 from tests.unit.plugin.simnode import make_pod, start_node, stop_node
-from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml
+from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml, mig_a100
 
 GIB = 1024**3
 
@@ -110,17 +110,7 @@ def test_mig_instances_are_published_and_a_new_layout_republished(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     whole = FakeDevice("GPU-aaaaaaaa-0000-0000-0000-000000000000", "Tesla T4", 16 * GIB, 0)
-    m1 = FakeDevice("MIG-cccccccc-0000-0000-0000-000000000001", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GIB, 1)
-    m2 = FakeDevice("MIG-cccccccc-0000-0000-0000-000000000002", "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * GIB, 1)
-    a100 = FakeDevice(
-        "GPU-cccccccc-0000-0000-0000-000000000000",
-        "NVIDIA A100-SXM4-40GB",
-        40 * GIB,
-        1,
-        mig_capable=True,
-        mig_enabled=True,
-        migs=[m1, m2],
-    )
+    a100, (m1, m2) = mig_a100("cccccccc", 40, 1, [True, True])
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([whole, a100]))
     backend = NvmlBackend()
     kube = FakeKube()

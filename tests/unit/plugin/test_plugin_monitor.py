@@ -29,24 +29,14 @@ from share_plugin.cgroups import CgroupRef
 from share_plugin.metrics import registry_for
 from share_plugin.monitor import Killer, Monitor, ProcFs
 from share_plugin.usage import OverLimitMode
-from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml
+from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml, mig_a100
 
 GIB = 1024**3
 MIB = 1024**2
 NODE = "n1"
 
 H100 = FakeDevice("GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3", 80 * GIB, 0)
-MIG_A = FakeDevice("MIG-bbbbbbbb-0000-0000-0000-000000000001", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB, 1)
-MIG_B = FakeDevice("MIG-bbbbbbbb-0000-0000-0000-000000000002", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GIB, 1)
-A100 = FakeDevice(
-    "GPU-bbbbbbbb-0000-0000-0000-000000000000",
-    "NVIDIA A100-SXM4-80GB",
-    80 * GIB,
-    1,
-    mig_capable=True,
-    mig_enabled=True,
-    migs=[MIG_A, None, MIG_B],
-)
+A100, (MIG_A, MIG_B) = mig_a100("bbbbbbbb", 80, 1, [True, False, True])
 
 
 def cid(n: int) -> str:

@@ -40,6 +40,30 @@ class FakeDevice:
     migs: list[FakeDevice | None] = field(default_factory=list)
 
 
+def mig_a100(hex_id: str, gib: int, minor: int, slots: list[bool]) -> tuple[FakeDevice, list[FakeDevice]]:
+    """An A100 of `gib` GiB in MIG mode, a 3g instance (half its memory) in each slot marked True; the
+    instances' UUIDs are numbered 1, 2, ... in slot order. Returns the GPU and its instances."""
+    instances: list[FakeDevice] = []
+    migs: list[FakeDevice | None] = []
+    for used in slots:
+        mig = None
+        if used:
+            uuid = f"MIG-{hex_id}-0000-0000-0000-{len(instances) + 1:012d}"
+            mig = FakeDevice(uuid, f"NVIDIA A100-SXM4-{gib}GB MIG 3g.{gib // 2}gb", gib // 2 * GIB, minor)
+            instances.append(mig)
+        migs.append(mig)
+    gpu = FakeDevice(
+        f"GPU-{hex_id}-0000-0000-0000-000000000000",
+        f"NVIDIA A100-SXM4-{gib}GB",
+        gib * GIB,
+        minor,
+        mig_capable=True,
+        mig_enabled=True,
+        migs=migs,
+    )
+    return gpu, instances
+
+
 def fake_pynvml(devices: list[FakeDevice], fail_init: bool = False) -> types.ModuleType:
     nv = types.ModuleType("pynvml")
     nv.NVMLError = NVMLError

@@ -42,11 +42,26 @@ def one_pod(kube, extender_factory):
     return pod, extender_factory().wait_ready()
 
 
+def pods_on_node_a(kube, extender_factory, gpus, sizes, **options):
+    """node-a with GPUs of `gpus` GiB, pods p0, p1, ... asking `sizes` GiB, and an extender ready to place them."""
+    kube.add_node(make_node("node-a", gpus))
+    pods = [kube.add_pod(make_pod(f"p{i}", gib)) for i, gib in enumerate(sizes)]
+    return pods, extender_factory(**options).wait_ready()
+
+
+def failed_bind(kube, extender_factory, error):
+    """Pod p scheduled to node-a, its Binding failing with `error`: none of it is left on the pod."""
+    pod, ext = one_pod(kube, extender_factory)
+    kube.fail("bind_pod", error)
+    said = schedule(ext, pod, "node-a")["Error"]
+    assert ANN_GPU_INDEX not in kube.pods[("default", "p")]["metadata"]["annotations"]
+    return pod, ext, said
+
+
 def test_200_concurrent_binds_on_one_node(kube, extender_factory):
-    kube.add_node(make_node("node-a", [16, 16]))
     rng = random.Random(5)
-    pods = [kube.add_pod(make_pod(f"p{i}", rng.choice([1, 2, 3, 4, 8]))) for i in range(200)]
-    ext = extender_factory(bind_events="all").wait_ready()
+    sizes = [rng.choice([1, 2, 3, 4, 8]) for _ in range(200)]
+    pods, ext = pods_on_node_a(kube, extender_factory, [16, 16], sizes, bind_events="all")
     barrier = threading.Barrier(50)
 
     def fire(pod):
@@ -196,11 +211,8 @@ def test_binding_refused_because_bound_elsewhere(kube, extender_factory):
 
 
 def test_binding_failure_leaves_nothing_and_frees_the_reservation(kube, extender_factory):
-    pod, ext = one_pod(kube, extender_factory)
-    kube.fail("bind_pod", KubeError("HTTP 403: forbidden", 403))
-    body = schedule(ext, pod, "node-a")
-    assert "could not bind pod default/p to node node-a" in body["Error"]
-    assert ANN_GPU_INDEX not in kube.pods[("default", "p")]["metadata"]["annotations"]
+    pod, ext, said = failed_bind(kube, extender_factory, KubeError("HTTP 403: forbidden", 403))
+    assert "could not bind pod default/p to node node-a" in said
     assert ext.cache.usage()["node-a"] == {0: 0}
     assert ext.parts["events"].flush()
     assert kube.events[-1]["reason"] == "FailedGPUShareBinding"
@@ -212,11 +224,8 @@ def test_binding_failure_leaves_nothing_and_frees_the_reservation(kube, extender
 
 
 def test_binding_500_but_pod_not_bound_frees_the_reservation(kube, extender_factory):
-    pod, ext = one_pod(kube, extender_factory)
-    kube.fail("bind_pod", Unavailable("HTTP 500", 500))
-    body = schedule(ext, pod, "node-a")
-    assert "HTTP 500" in body["Error"]
-    assert ANN_GPU_INDEX not in kube.pods[("default", "p")]["metadata"]["annotations"]
+    _, ext, said = failed_bind(kube, extender_factory, Unavailable("HTTP 500", 500))
+    assert "HTTP 500" in said
     ext.settle()
     assert ext.cache.usage()["node-a"] == {0: 0}
 
@@ -260,9 +269,7 @@ def test_a_failed_bind_behind_a_later_reservation_on_the_same_gpu(kube, extender
 
 
 def test_binds_to_one_node_pipeline(kube, extender_factory):
-    kube.add_node(make_node("node-a", [80]))
-    pods = [kube.add_pod(make_pod(f"p{i}", 4)) for i in range(10)]
-    ext = extender_factory().wait_ready()
+    pods, ext = pods_on_node_a(kube, extender_factory, [80], [4] * 10)
     for p in pods:
         ext.call("filter", filter_args(p, ["node-a"]))
     kube.delay("bind_pod", 0.5, times=10)
@@ -278,9 +285,7 @@ def test_binds_to_one_node_pipeline(kube, extender_factory):
 
 
 def test_slow_events_never_hold_a_bind(kube, extender_factory):
-    kube.add_node(make_node("node-a", [80]))
-    pods = [kube.add_pod(make_pod(f"p{i}", 1)) for i in range(6)]
-    ext = extender_factory(bind_events="all").wait_ready()
+    pods, ext = pods_on_node_a(kube, extender_factory, [80], [1] * 6, bind_events="all")
     events = ext.parts["events"]
     events._queue.maxsize = 2  # a tiny queue, to see drops
     kube.delay("create_event", 3.0, times=10)
