@@ -20,9 +20,10 @@ Threads, one of two ways:
   connection's requests in turn. kube-scheduler keeps two connections alive and opens one for about a
   third of its binds, so a fixed pool spares a thread start per connection.
 - `per_connection` (the webhook): one thread accepts, each connection gets a thread of its own, at most
-  `max_connections`. The API server keeps up to 25 connections to a webhook open (kube-apiserver's
-  transport default), several API servers more, and kubelet's probes open new ones: a fixed pool whose
-  workers all sat on idle kept-alive connections would leave a probe or a new API server waiting.
+  `max_connections`. One kube-apiserver kept 25 connections open to the webhook through a burst of
+  pod creates (bench/bench_throughput.py --webhook), several API servers keep more, and kubelet's probes
+  open new ones: a fixed pool whose workers all sat on idle kept-alive connections would leave a probe or
+  a new API server waiting.
 A connection idle for `idle_timeout` seconds is closed. `stop()` stops accepting, closes idle
 connections at once and lets requests in progress finish (up to `grace` seconds).
 

@@ -5,7 +5,7 @@ Why not Flask/gunicorn or http.server: an admission call is 0.1 ms of work, the 
 for every matching pod create, and on two shared cores the webhook's CPU is CPU kube-scheduler and the
 API server do not get. http.server's request handler (the email parser for the headers, a Date header,
 its own logging) cost about as much CPU per review as the review itself (docs/operations.md, "Speed").
-Each connection gets a thread of its own (the API server keeps up to 25 open per webhook address;
+Each connection gets a thread of its own (one API server kept 25 open through a burst of creates;
 kubelet's probes open new ones). Routes: POST /mutate (pods asking gpu-mem), /mutate-all (every pod of an
 opted-in namespace), /validate; GET /healthz, /readyz (a certificate is loaded), /metrics.
 """

@@ -134,7 +134,7 @@ def test_a_renewed_certificate_serves_new_connections_and_open_ones_keep_theirs(
 
 
 def test_more_kept_alive_connections_than_a_pool_would_hold_are_all_served(served) -> None:
-    """The API server keeps up to 25 connections open per webhook, several API servers more, and kubelet's
+    """One API server kept 25 connections open through a burst of creates, several keep more, and kubelet's
     probes open new ones: each connection has a thread of its own, so an idle one never blocks another."""
     server, context, _ = served
     conns = [connect(server, context) for _ in range(60)]
