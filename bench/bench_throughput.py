@@ -19,6 +19,7 @@ as runs before 2026-11-23 did); kube-scheduler with a client certificate, as kub
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --cpu-share 0.1335     # mixed: openb's share of CPU-only pods
   python bench/bench_throughput.py --webhook              # also each policy with share-webhook on
+  python bench/bench_throughput.py --webhook --baseline-webhook /work/base   # and an older checkout's webhook
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
   python bench/bench_throughput.py --pace 20 --pods 400 --policies binpack --qps 1000 --rounds 3 \
       --go-extender /work/goorig/bin/gpushare-sche-extender   # side by side with the Go original
@@ -38,7 +39,9 @@ its cache holds every running pod is printed too (it may serve before its pod in
 configurations are installed and share-webhook runs (its own process at INFO, as installed, called by
 kube-apiserver over TLS on 127.0.0.1: tests/controlplane/webhook.py, as tests/integration/test_webhook.py
 runs it); its pods name no scheduler, so every one is mutated and validated at creation. The
-configurations are removed after the scenario.
+configurations are removed after the scenario. --baseline-webhook adds "<policy> +webhook (baseline)": the
+same with an older checkout's share-webhook (this tree's extender and chart), the webhook's before and after
+in one run.
 
 One piece: one benchmark script, its scenarios sharing one control plane and one report.
 """
@@ -222,6 +225,7 @@ class Scenario:
     binary: Path | None = None  # policy GO: the Go original's binary
     proxied: bool = False  # kube-scheduler calls the extender through a TimingProxy
     webhook: bool = False  # share-webhook gives the pods their scheduler at admission (they name none)
+    webhook_src: Path = ROOT  # the checkout whose share-webhook runs
 
     @property
     def scheduler_name(self) -> str:
@@ -631,7 +635,9 @@ def run_scenario(
         sched_url = proxy.url
     hook = None
     if sc.webhook:
-        hook = Webhook(cp, workdir / f"webhook-{sc.qps}.log", log_level="INFO", node_refresh=30.0)
+        which = "" if sc.webhook_src == ROOT else f"{sc.webhook_src.name}-"
+        log = workdir / f"webhook-{which}{sc.qps}.log"
+        hook = Webhook(cp, log, log_level="INFO", node_refresh=30.0, src=sc.webhook_src)
         hook.install()
         hook.start()
         hook.wait_trusted()
@@ -852,6 +858,8 @@ def main() -> int:
     ap.add_argument("--bind-events", default="failures", help="extender --bind-events values to run (failures,all)")
     ap.add_argument("--baseline-src", type=Path, help="also run this checkout's extender (e.g. a git worktree)")
     ap.add_argument("--webhook", action="store_true", help="also run each policy with share-webhook on")
+    ap.add_argument("--baseline-webhook", type=Path, help="with --webhook: also each policy with this checkout's "
+                    "share-webhook ('<policy> +webhook (baseline)', this tree's extender)")  # fmt: skip
     ap.add_argument("--ready", action="store_true", help="measure the extender's time to ready instead")
     ap.add_argument("--running", type=int, default=40000, help="with --ready: bound pods in the cluster")
     ap.add_argument("--runs", type=int, default=3, help="with --ready: extender starts measured")
@@ -874,6 +882,8 @@ def main() -> int:
     for binary in args.go_extender:
         if not (binary.is_file() and os.access(binary, os.X_OK)):
             ap.error(f"--go-extender {binary}: not an executable file")
+    if args.baseline_webhook and not args.webhook:
+        ap.error("--baseline-webhook goes with --webhook")
     if args.go_extender and not (args.ready or args.pace):
         ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:
@@ -930,6 +940,10 @@ def main() -> int:
                     if args.webhook:
                         scenarios.append(Scenario(f"{policy} +webhook", qps, policy, ROOT, args.filter_keeps,
                                                   "failures", webhook=True))  # fmt: skip
+                    if args.webhook and args.baseline_webhook:
+                        scenarios.append(Scenario(f"{policy} +webhook (baseline)", qps, policy, ROOT,
+                                                  args.filter_keeps, "failures", webhook=True,
+                                                  webhook_src=args.baseline_webhook.resolve()))  # fmt: skip
                     if args.baseline_src:
                         scenarios.append(Scenario(f"{policy} (baseline)", qps, policy, args.baseline_src, None))
                 for binary in args.go_extender:

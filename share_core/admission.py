@@ -84,13 +84,19 @@ def choose_scheduler(
 
 @dataclass(frozen=True, slots=True)
 class ClusterGpus:
-    """What admission knows of the cluster's GPUs today: their models and per-node GPU sizes."""
+    """What admission knows of the cluster's GPUs today: their models and per-node GPU sizes, one node of
+    each shape (its healthy GPUs' models and sizes): a review then looks at a few shapes, not at every
+    node (5,000 alike nodes are one), so a pod no node fits costs no more to review than one that fits."""
 
     nodes: tuple[tuple[GpuInfo, ...], ...] = ()
 
     @staticmethod
     def of(nodes: Iterable[Sequence[GpuInfo]]) -> ClusterGpus:
-        return ClusterGpus(tuple(tuple(g for g in gpus if g.healthy) for gpus in nodes))
+        shapes: dict[tuple[tuple[str, int], ...], tuple[GpuInfo, ...]] = {}
+        for gpus in nodes:
+            healthy = tuple(g for g in gpus if g.healthy)
+            shapes.setdefault(tuple(sorted((g.model, g.memory) for g in healthy)), healthy)
+        return ClusterGpus(tuple(shapes.values()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,12 @@ def configurations(url: str) -> list[dict[str, Any]]:
 class Webhook:
     """share-webhook as a process of a test or bench, restartable; 127.0.0.1 only."""
 
-    def __init__(self, cp: ControlPlane, log: Path, log_level: str = "DEBUG", node_refresh: float = 1.0) -> None:
+    def __init__(
+        self, cp: ControlPlane, log: Path, log_level: str = "DEBUG", node_refresh: float = 1.0, src: Path = ROOT
+    ) -> None:
+        """`src`: the checkout whose share_webhook runs (an older one, for a bench's before and after)."""
         self.cp, self.log, self.port = cp, log, free_port()
-        self.log_level, self.node_refresh = log_level, node_refresh
+        self.log_level, self.node_refresh, self.src = log_level, node_refresh, src
         self.proc: subprocess.Popen[bytes] | None = None
 
     def install(self) -> None:
@@ -69,8 +72,8 @@ class Webhook:
             f"--mutating-config={NAME}", f"--validating-config={NAME}",
             f"--node-refresh-interval={self.node_refresh}", f"--log-level={self.log_level}",
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(argv, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        env = {**os.environ, "PYTHONPATH": str(self.src)}
+        self.proc = subprocess.Popen(argv, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, env=env, cwd=self.src)
 
     def wait_trusted(self, timeout: float = 60.0) -> None:
         """Until the webhook has written its CA into every webhook of both configurations."""

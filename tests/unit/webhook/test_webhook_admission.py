@@ -101,6 +101,17 @@ def test_what_may_fit_later_is_a_warning() -> None:
     assert review(pod(None), CLUSTER).request is None
 
 
+def test_alike_nodes_are_reviewed_once() -> None:
+    """5,000 nodes of one shape are one to review: a pod that fits nowhere costs no more than one that fits."""
+    a100 = [[GpuInfo(g, f"GPU-{n}-{g}", "NVIDIA A100-SXM4-80GB", 80) for g in range(8)] for n in range(5000)]
+    mixed = ClusterGpus.of([*a100, [GpuInfo(0, "GPU-t", "Tesla T4", 16)], [GpuInfo(0, "GPU-u", "Tesla T4", 16)]])
+    assert len(mixed.nodes) == 2
+    assert "model h100" in review(pod(4, **{ANN_GPU_MODEL: "H100"}), mixed).warnings[0]
+    assert review(pod(16, **{ANN_GPU_MODEL: "T4"}), mixed).warnings == ()
+    sick = ClusterGpus.of([[GpuInfo(0, "GPU-x", "Tesla T4", 16, healthy=False)], [GpuInfo(0, "GPU-y", "Tesla T4", 16)]])
+    assert len(sick.nodes) == 2, "a node's shape is its healthy GPUs"
+
+
 def admission_review(obj: dict, kind: str = "Pod") -> bytes:
     return orjson.dumps(
         {
