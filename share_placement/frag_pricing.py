@@ -243,13 +243,7 @@ class Pricer:
         self, cls: int, per: int, before: frozenset[int] | None, after: frozenset[int] | None
     ) -> dict[tuple[str, int], tuple[int, int, int, int, int]]:
         """(model, free) -> `share_move`, one dict per (CPU class after, share size, hostable sets)."""
-        key = (cls, per, before, after)
-        d = self._share_moves.get(key)
-        if d is None:
-            if len(self._share_moves) >= 1024:
-                self._share_moves.clear()
-            d = self._share_moves[key] = {}
-        return d
+        return lazy_table(self._share_moves, (cls, per, before, after))
 
     def share_move(
         self,
@@ -488,25 +482,13 @@ class Pricer:
     def one_gpu_infos(self, per: int, models: tuple[str, ...], model: str) -> dict[int, tuple[int, int, int] | bool]:
         """free -> `gpu_info((model, free), per, models)`, filled lazily: what a share of this size and
         model set needs to know of one GPU of `model`, whatever node it is on."""
-        key = (per, models, model)
-        d = self._gpu_infos.get(key)
-        if d is None:
-            if len(self._gpu_infos) >= 1024:  # many sizes seen since the table was built: start afresh
-                self._gpu_infos.clear()
-            d = self._gpu_infos[key] = {}
-        return d
+        return lazy_table(self._gpu_infos, (per, models, model))
 
     def multi_infos(
         self, per: int, models: tuple[str, ...], model: str
     ) -> dict[tuple[int, ...], tuple[int, int, tuple[tuple[int, int, int, int], ...]]]:
         """frees of the chosen GPUs (ascending) -> `multi_info(model, per, models, frees)`, lazily."""
-        key = (per, models, model)
-        d = self._multi_infos.get(key)
-        if d is None:
-            if len(self._multi_infos) >= 1024:
-                self._multi_infos.clear()
-            d = self._multi_infos[key] = {}
-        return d
+        return lazy_table(self._multi_infos, (per, models, model))
 
     def multi_info(
         self, model: str, per: int, models: tuple[str, ...], picked: tuple[int, ...]
@@ -711,6 +693,18 @@ def quantile(counted: list[tuple[int, int]], q: float) -> int:
 
 # Entries kept in each memo of frag's (the pricer's node signatures, FragPolicy's evaluations).
 MEMO_LIMIT = 400_000
+
+
+def lazy_table(tables: dict[Any, dict], key: Any, limit: int = 1024) -> dict:
+    """tables[key], a new empty table if there is none (filled lazily by the caller); past `limit` keys
+    (many sizes seen since the learned table was built) every table starts afresh."""
+    table = tables.get(key)
+    if table is None:
+        if len(tables) >= limit:
+            tables.clear()
+        table = tables[key] = {}
+    return table
+
 
 # The CPU and memory a share size's "typical" pod asks, for frag's host-aware gap price: the median
 # (docs/simulator.md, `frag` item 7).
