@@ -25,7 +25,6 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from share_placement.frag_pricing import MEMO_LIMIT
 from share_placement.model import NEG_INF, Demand, NodeView, model_allowed
 
 if TYPE_CHECKING:
@@ -33,6 +32,9 @@ if TYPE_CHECKING:
     from share_placement.frag_pricing import Pricer
 
 MAX_SHAPES = 32  # share shapes whose fronts are built with every state's facts
+# States whose facts are kept (1-2 KB each with their fronts): a 5,000-node cluster's, and the ~15,000
+# states its binds leave behind before they are dropped all at once.
+FACTS_LIMIT = 20_000
 
 # (K, leftover, position, F, N) of a GPU a share may go on: sorted, the order dominance is swept in
 _Move = tuple[int, int, int, int, int]
@@ -59,8 +61,8 @@ def frag_scores(policy: FragPolicy, views: Sequence[NodeView], demand: Demand) -
     finish = policy._finish
     shape = (per, models)
     facts = pricer.batch_facts
-    if len(facts) >= MEMO_LIMIT:
-        facts.clear()
+    if len(facts) >= FACTS_LIMIT + len(views):
+        facts.clear()  # states gone since (each bind leaves one): priced afresh as they are met
     shapes = pricer.batch_fronts
     if not shapes:
         # A state's fronts are built with its facts for every share size learned (and asked since):
