@@ -476,23 +476,14 @@ def policy_scores(
             raw[name] = NEG_INF if entry is None else score_state(policy, demand, entry, guard)
         return raw
     assert memo is not None
-    get = table.get
-    missing: dict[int, NodeSnapshot] = {}
-    for name, entry in entries:
-        if entry is None:
-            raw[name] = NEG_INF
-            continue
-        score = get(entry.view_id)
-        if score is None:
-            missing[entry.view_id] = entry
-        raw[name] = score  # type: ignore[assignment]  # None until priced below
-    stored = len(missing)
+    # Price the states no memo holds in one batch (one view id per state, however many nodes share it).
+    missing = {e.view_id: e for _, e in entries if e is not None and e.view_id not in table}
     if missing:
         for view_id, score in zip(missing, score_states(policy, demand, list(missing.values()), guard), strict=True):
             table[view_id] = score
-        for name, entry in entries:
-            if raw[name] is None:
-                raw[name] = table[entry.view_id]  # type: ignore[union-attr]
+    stored = len(missing)
+    for name, entry in entries:
+        raw[name] = NEG_INF if entry is None else table[entry.view_id]
     memo.hits += len(raw) - stored
     if stored:
         memo.added(stored)

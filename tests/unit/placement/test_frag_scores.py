@@ -10,6 +10,7 @@ import random
 import pytest
 
 from share_placement import Demand, FragPolicy
+from share_placement import frag_scores as frag_scores_module
 from share_placement.model import NEG_INF, NodeView
 from tests.unit.placement.test_frag_host import single_gpu_table
 from tests.unit.placement.test_frag_pricing import MODELS, random_gpus, random_table, taught
@@ -73,10 +74,12 @@ def test_batch_scores_equal_evaluate(seed):
     assert 0 < long_way < fits / 2  # both ways taken: most states by the batch's own pricing
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_batch_scores_keep_up_with_changing_nodes_and_tables(seed):
+@pytest.mark.parametrize(("seed", "facts_limit"), [(0, 20_000), (1, 20_000), (2, 50)])
+def test_batch_scores_keep_up_with_changing_nodes_and_tables(seed, facts_limit, monkeypatch):
     """A cluster whose nodes change between demands (new views, some views kept), demands repeated
-    (the fronts reused) and the table rebuilt as pods are learned: equal to evaluate throughout."""
+    (the fronts reused) and the table rebuilt as pods are learned: equal to evaluate throughout, also
+    when the kept facts are dropped again and again (a small FACTS_LIMIT)."""
+    monkeypatch.setattr(frag_scores_module, "FACTS_LIMIT", facts_limit)
     rng = random.Random(400 + seed)
     unit = 80
     table = single_gpu_table(rng, unit)
