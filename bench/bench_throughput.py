@@ -38,8 +38,10 @@ its cache holds every running pod is printed too (it may serve before its pod in
 --webhook adds a scenario per policy ("<policy> +webhook") in which the chart's admission webhook
 configurations are installed and share-webhook runs (its own process at INFO, as installed, called by
 kube-apiserver over TLS on 127.0.0.1: tests/controlplane/webhook.py, as tests/integration/test_webhook.py
-runs it); its pods name no scheduler, so every one is mutated and validated at creation. The
-configurations are removed after the scenario. --baseline-webhook adds "<policy> +webhook (baseline)": the
+runs it); its pods name no scheduler, so every one is given ours and validated at creation. The
+configurations are removed after the scenario. --webhook-mutation policy,webhook runs it once per way the
+chart sets the scheduler ("<policy> +webhook (policy)": the chart's MutatingAdmissionPolicy, applied inside
+kube-apiserver, 1.36+; "(webhook)": share-webhook's /mutate); auto, the default, is what helm would install. --baseline-webhook adds "<policy> +webhook (baseline)": the
 same with an older checkout's share-webhook (this tree's extender and chart), the webhook's before and after
 in one run.
 
@@ -226,6 +228,7 @@ class Scenario:
     proxied: bool = False  # kube-scheduler calls the extender through a TimingProxy
     webhook: bool = False  # share-webhook gives the pods their scheduler at admission (they name none)
     webhook_src: Path = ROOT  # the checkout whose share-webhook runs
+    webhook_mutation: str = "auto"  # the chart's webhook.mutation: policy (1.36+), webhook, auto
 
     @property
     def scheduler_name(self) -> str:
@@ -637,7 +640,7 @@ def run_scenario(
     if sc.webhook:
         which = "" if sc.webhook_src == ROOT else f"{sc.webhook_src.name}-"
         log = workdir / f"webhook-{which}{sc.qps}.log"
-        hook = Webhook(cp, log, log_level="INFO", node_refresh=30.0, src=sc.webhook_src)
+        hook = Webhook(cp, log, log_level="INFO", node_refresh=30.0, src=sc.webhook_src, mutation=sc.webhook_mutation)
         hook.install()
         hook.start()
         hook.wait_trusted()
@@ -858,6 +861,12 @@ def main() -> int:
     ap.add_argument("--bind-events", default="failures", help="extender --bind-events values to run (failures,all)")
     ap.add_argument("--baseline-src", type=Path, help="also run this checkout's extender (e.g. a git worktree)")
     ap.add_argument("--webhook", action="store_true", help="also run each policy with share-webhook on")
+    ap.add_argument(
+        "--webhook-mutation",
+        default="auto",
+        help="with --webhook: the chart's webhook.mutation values to run, e.g. policy,webhook (one "
+        "scenario each; auto: policy where kube-apiserver serves MutatingAdmissionPolicy)",
+    )
     ap.add_argument("--baseline-webhook", type=Path, help="with --webhook: also each policy with this checkout's "
                     "share-webhook ('<policy> +webhook (baseline)', this tree's extender)")  # fmt: skip
     ap.add_argument("--ready", action="store_true", help="measure the extender's time to ready instead")
@@ -884,6 +893,9 @@ def main() -> int:
             ap.error(f"--go-extender {binary}: not an executable file")
     if args.baseline_webhook and not args.webhook:
         ap.error("--baseline-webhook goes with --webhook")
+    mutations = [m for m in args.webhook_mutation.split(",") if m]
+    if not mutations or set(mutations) - {"auto", "policy", "webhook"}:
+        ap.error("--webhook-mutation takes auto, policy and webhook")
     if args.go_extender and not (args.ready or args.pace):
         ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:
@@ -937,9 +949,10 @@ def main() -> int:
                         if go:  # the same proxy as the Go original's, for the same extender-side measure
                             scenarios.append(Scenario(f"{label} (proxied)", qps, policy, ROOT, args.filter_keeps,
                                                       events, proxied=True))  # fmt: skip
-                    if args.webhook:
-                        scenarios.append(Scenario(f"{policy} +webhook", qps, policy, ROOT, args.filter_keeps,
-                                                  "failures", webhook=True))  # fmt: skip
+                    for mutation in mutations if args.webhook else ():
+                        named = "" if len(mutations) == 1 else f" ({mutation})"
+                        scenarios.append(Scenario(f"{policy} +webhook{named}", qps, policy, ROOT, args.filter_keeps,
+                                                  "failures", webhook=True, webhook_mutation=mutation))  # fmt: skip
                     if args.webhook and args.baseline_webhook:
                         scenarios.append(Scenario(f"{policy} +webhook (baseline)", qps, policy, ROOT,
                                                   args.filter_keeps, "failures", webhook=True,

@@ -50,10 +50,9 @@ def asks_gpu_mem(pod: Pod) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Mutation:
-    """What the mutating webhook does to a pod: set `scheduler_name` (None: leave the pod), and warn."""
+    """What the mutating webhook does to a pod: set `scheduler_name` (None: leave the pod)."""
 
     scheduler_name: str | None
-    warnings: tuple[str, ...] = ()
 
 
 def choose_scheduler(
@@ -62,24 +61,27 @@ def choose_scheduler(
     """A pod asking gpu-mem that names no scheduler (or the default one) gets ours; so does one whose
     ResourceClaims ask our DeviceClass (`claims_ours`: DRA mode, where the policy places claims through
     the extender); in an opted-in namespace every pod does, CPU-only pods included, so the policy places
-    them too. A gpu-mem pod that names another scheduler is left alone: our device plugin will refuse it
-    at Allocate, so say so (a DRA pod of another scheduler runs, placed by that scheduler)."""
+    them too. A pod that names another scheduler keeps it (validation warns a gpu-mem one: `other_scheduler`).
+    The chart's MutatingAdmissionPolicy (Kubernetes 1.36+) decides the gpu-mem case in CEL the same way."""
     spec = pod.get("spec") or {}
     named = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-    ours = asks_gpu_mem(pod)
-    if named == scheduler_name or not (ours or claims_ours or opted_in):
-        return Mutation(None)
-    if named in (None, "", DEFAULT_SCHEDULER):
+    if named in (None, "", DEFAULT_SCHEDULER) and (opted_in or claims_ours or asks_gpu_mem(pod)):
         return Mutation(scheduler_name)
-    if ours:
-        return Mutation(
-            None,
-            (
-                f"schedulerName {named!r} is not {scheduler_name!r}: {RESOURCE_MEM} is served only to pods "
-                f"{scheduler_name} placed; gpushare's device plugin will refuse this pod's containers",
-            ),
-        )
     return Mutation(None)
+
+
+def other_scheduler(pod: Pod, scheduler_name: str = SCHEDULER_NAME) -> str | None:
+    """The warning for a pod asking gpu-mem that is stored with another scheduler than ours: our device plugin
+    will refuse its containers. Said at validation, of the pod as stored, whichever mutation ran (the
+    webhook's, the chart's policy, or none: a mutation that failed open leaves default-scheduler)."""
+    spec = pod.get("spec") or {}
+    named = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    if named == scheduler_name or not asks_gpu_mem(pod):
+        return None
+    return (
+        f"schedulerName {named or DEFAULT_SCHEDULER!r} is not {scheduler_name!r}: {RESOURCE_MEM} is served only to "
+        f"pods {scheduler_name} placed; gpushare's device plugin will refuse this pod's containers"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +124,23 @@ def _fits_some_node(request: PodRequest, cluster: ClusterGpus) -> tuple[bool, bo
     return model_ok, size_ok
 
 
-def review(pod: Pod, cluster: ClusterGpus | None, unit: str = "GiB") -> Verdict:
+def review(pod: Pod, cluster: ClusterGpus | None, unit: str = "GiB", scheduler_name: str | None = None) -> Verdict:
     """Refuse what can never be scheduled; warn about what cannot be today (`cluster` None: unknown, no
-    warnings). The refusal is `invalid_request_message`, the extender's own."""
+    warnings) and, with `scheduler_name`, about a pod stored with another scheduler. The refusal is
+    `invalid_request_message`, the extender's own."""
     try:
         request = pod_request(pod)
     except InvalidRequest as exc:
         return Verdict(refusal=invalid_request_message(pod, exc))
+    other = other_scheduler(pod, scheduler_name) if scheduler_name else None
+    verdict = _capacity_verdict(request, cluster, unit)
+    if other is None:
+        return verdict
+    return Verdict(warnings=(other, *verdict.warnings), request=request)
+
+
+def _capacity_verdict(request: PodRequest | None, cluster: ClusterGpus | None, unit: str) -> Verdict:
+    """Warnings about what no GPU in the cluster fits today."""
     if request is None or cluster is None:
         return Verdict(request=request)
     model_ok, size_ok = _fits_some_node(request, cluster)

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return mutate_with(raw, opted_in=True)
 
     def validate(raw: bytes) -> dict:
-        return review.validate(review.parse_review(raw), view.gpus, unit)
+        return review.validate(review.parse_review(raw), view.gpus, unit, a.scheduler_name)
 
     routes = {"/mutate": mutate, "/mutate-all": mutate_all, "/validate": validate}
     try:

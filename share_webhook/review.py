@@ -67,28 +67,26 @@ def _response(uid: str, allowed: bool = True, **extra: Any) -> dict[str, Any]:
 def mutate(
     req: Request, opted_in: bool, scheduler_name: str = SCHEDULER_NAME, claims_ours: bool = False
 ) -> dict[str, Any]:
-    """Set the scheduler where admission.choose_scheduler says so; never refuses (validation does)."""
+    """Set the scheduler where admission.choose_scheduler says so; never refuses nor warns (validation does)."""
     if req.kind != "Pod":
         return _response(req.uid)
     decision = choose_scheduler(req.pod, opted_in, scheduler_name, claims_ours)
     if decision.scheduler_name is None:
-        return _response(req.uid, warnings=decision.warnings)
+        return _response(req.uid)
     spec = req.pod.get("spec") or {}
     op = "replace" if isinstance(spec, dict) and "schedulerName" in spec else "add"
     patch = [{"op": op, "path": "/spec/schedulerName", "value": decision.scheduler_name}]
-    return _response(
-        req.uid,
-        patchType="JSONPatch",
-        patch=base64.b64encode(orjson.dumps(patch)).decode(),
-        warnings=decision.warnings,
-    )
+    return _response(req.uid, patchType="JSONPatch", patch=base64.b64encode(orjson.dumps(patch)).decode())
 
 
-def validate(req: Request, cluster: ClusterGpus | None, unit: str = "GiB") -> dict[str, Any]:
-    """Refuse what can never be scheduled (403, the extender's message); warn about what cannot be today."""
+def validate(
+    req: Request, cluster: ClusterGpus | None, unit: str = "GiB", scheduler_name: str = SCHEDULER_NAME
+) -> dict[str, Any]:
+    """Refuse what can never be scheduled (403, the extender's message); warn about what cannot be today, and
+    about a pod stored with another scheduler."""
     if req.kind != "Pod":
         return _response(req.uid)
-    verdict = review(req.pod, cluster, unit)
+    verdict = review(req.pod, cluster, unit, scheduler_name)
     if verdict.refusal is not None:
         status = {"code": 403, "reason": "Forbidden", "message": f"gpushare: {verdict.refusal}"}
         return _response(req.uid, allowed=False, status=status)

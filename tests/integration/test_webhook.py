@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from tests.controlplane.webhook import NAME, NAMESPACE, ROOT, SECRET, Webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
+MUTATE_HOOK, VALIDATE_HOOK = "scheduler.gpushare.io", "request.gpushare.io"
 OPTED_IN = "everything"
 PLAIN = "apps"
 # What kubectl prints, collected for the closing note and the docs (tests/integration/webhook-outputs.txt).
@@ -71,9 +74,13 @@ def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def _failure_policy(cp: ControlPlane, value: str) -> None:
-    patch = json.dumps([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": value}])
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        cp.kubectl("patch", kind, NAME, "--type=json", "-p", patch)
+    """The failurePolicy of our pods' webhooks (the mutating one where the scheduler is not set by policy)."""
+    ours = (("mutatingwebhookconfiguration", MUTATE_HOOK), ("validatingwebhookconfiguration", VALIDATE_HOOK))
+    for kind, hook in ours:
+        hooks = json.loads(cp.kubectl("get", kind, NAME, "-o", "json").stdout).get("webhooks") or []
+        for i in (i for i, w in enumerate(hooks) if w["name"] == hook):
+            patch = json.dumps([{"op": "replace", "path": f"/webhooks/{i}/failurePolicy", "value": value}])
+            cp.kubectl("patch", kind, NAME, "--type=json", "-p", patch)
 
 
 def _pod(name: str, mem: Any = 4, scheduler: str | None = None, **annotations: str) -> dict[str, Any]:
@@ -104,6 +111,37 @@ def test_a_pod_without_a_scheduler_gets_ours(plane: tuple[ControlPlane, Webhook]
     ]
     assert _apply(cp, PLAIN, init_only, "sidecar asks gpu-mem").returncode == 0
     assert _scheduler(cp, PLAIN, "init-only") == SCHEDULER_NAME
+
+
+def _reviews(hook: Webhook, route: str) -> float:
+    """How many AdmissionReviews share-webhook answered on `route` (its /metrics; loopback, its own CA)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with urllib.request.urlopen(f"https://127.0.0.1:{hook.port}/metrics", context=ctx, timeout=10) as resp:
+        text = resp.read().decode()
+    prefix = 'gpushare_webhook_outcomes_total{outcome="'
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'route="{route}"' in line
+    )
+
+
+def test_the_scheduler_is_set_by_policy_where_the_cluster_serves_it(plane: tuple[ControlPlane, Webhook]) -> None:
+    """1.36+: the chart's MutatingAdmissionPolicy sets it in kube-apiserver, /mutate is never called for our
+    pods; earlier minors: share-webhook's /mutate. Either way the pod is validated by share-webhook."""
+    cp, hook = plane
+    minor = int(json.loads(cp.kubectl("get", "--raw", "/version").stdout)["minor"].rstrip("+"))
+    assert hook.by_policy == (minor >= 36)
+    mutated, validated = _reviews(hook, "/mutate"), _reviews(hook, "/validate")
+    assert _apply(cp, PLAIN, _pod("counted"), "counted").returncode == 0
+    assert _scheduler(cp, PLAIN, "counted") == SCHEDULER_NAME
+    assert _reviews(hook, "/validate") == validated + 1
+    assert _reviews(hook, "/mutate") == mutated + (0 if hook.by_policy else 1)
+    # a pod naming our scheduler itself is not sent to /mutate at all (matchConditions), nor changed
+    assert _apply(cp, PLAIN, _pod("named", scheduler=SCHEDULER_NAME), "names gpushare-scheduler").returncode == 0
+    assert _reviews(hook, "/mutate") == mutated + (0 if hook.by_policy else 1)
+    assert _scheduler(cp, PLAIN, "named") == SCHEDULER_NAME
 
 
 def test_a_deployments_pods_get_ours(plane: tuple[ControlPlane, Webhook]) -> None:
@@ -208,7 +246,8 @@ def test_webhook_down_refuses_our_pods_admits_the_rest_and_restarts_on_its_secre
     try:
         refused = _apply(cp, PLAIN, _pod("while-down", 4), "webhook down, failurePolicy Fail")
         assert refused.returncode != 0
-        assert 'failed calling webhook "scheduler.gpushare.io"' in refused.stderr
+        # by policy (1.36+) the scheduler is set without the webhook: validation is what fails closed
+        assert f'failed calling webhook "{VALIDATE_HOOK if hook.by_policy else MUTATE_HOOK}"' in refused.stderr
         admitted = _apply(cp, PLAIN, _pod("cpu-while-down", None), "webhook down, a pod without gpu-mem")
         assert admitted.returncode == 0, "matchConditions keep every other pod away from the webhook"
         admitted = _apply(cp, OPTED_IN, _pod("cpu-while-down", None), "webhook down, opted-in CPU-only pod")
@@ -216,7 +255,8 @@ def test_webhook_down_refuses_our_pods_admits_the_rest_and_restarts_on_its_secre
         # failurePolicy Ignore: our pod is admitted unchanged
         _failure_policy(cp, "Ignore")
         ignored = _apply(cp, PLAIN, _pod("ignored", 4), "webhook down, failurePolicy Ignore")
-        assert ignored.returncode == 0 and _scheduler(cp, PLAIN, "ignored") == "default-scheduler"
+        expected = SCHEDULER_NAME if hook.by_policy else "default-scheduler"
+        assert ignored.returncode == 0 and _scheduler(cp, PLAIN, "ignored") == expected
     finally:
         _failure_policy(cp, "Fail")
         hook.start()

@@ -277,6 +277,24 @@ webhook:
 {{ include "gpushare.webhook.asksGpuMem" . }}
 {{- end }}
 {{- end }}
+{{- /* How pods get gpushare-scheduler: "policy", a MutatingAdmissionPolicy that kube-apiserver applies
+     itself (admissionregistration.k8s.io/v1, Kubernetes 1.36+: no call out, no outage), or "webhook", share-webhook's
+     /mutate. auto: policy where the cluster serves it. */}}
+{{- define "gpushare.webhook.mutation" -}}
+{{- $m := .Values.webhook.mutation }}
+{{- if not (has $m (list "auto" "policy" "webhook")) }}
+{{- fail (printf "webhook.mutation must be auto, policy or webhook, not %q" $m) }}
+{{- end }}
+{{- $served := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}
+{{- if and (eq $m "policy") (not $served) }}
+{{- fail "webhook.mutation=policy needs admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.36+); leave it auto (the webhook sets the scheduler where the cluster lacks it)" }}
+{{- end }}
+{{- if or (eq $m "policy") (and (eq $m "auto") $served) }}policy{{ else }}webhook{{ end }}
+{{- end }}
+{{- /* A pod that names no scheduler (or the default one): the one the mutation gives ours. */}}
+{{- define "gpushare.webhook.namesDefault" -}}
+(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler')
+{{- end }}
 {{- define "gpushare.webhook.asksGpuMem" -}}
 {{- $c := "has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu-mem' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu-mem' in c.resources.requests))" -}}
 object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))

@@ -8,10 +8,16 @@ from typing import Any
 import pytest
 import yaml
 
+from share_core.contract import SCHEDULER_NAME
 from tests.unit.chart import helm as h
 
 Obj = dict[str, Any]
 ON = {"webhook.enabled": True}
+MAP_API = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+NAMES_DEFAULT = (
+    "(!has(object.spec.schedulerName) || object.spec.schedulerName == '' || "
+    "object.spec.schedulerName == 'default-scheduler')"
+)
 
 
 def test_on_by_default_and_off_by_value(helm: Any) -> None:
@@ -59,8 +65,41 @@ def test_only_pods_asking_gpu_mem_reach_it_failing_closed(helm: Any) -> None:
         (cond,) = hook["matchConditions"]
         assert "'nvidia.com/gpu-mem' in c.resources.limits" in cond["expression"]
         assert "object.spec.initContainers.exists" in cond["expression"]
+    # the mutation is asked only for pods naming no scheduler; validation judges (and warns) them all
+    assert mutating["webhooks"][0]["matchConditions"][0]["expression"].startswith(NAMES_DEFAULT + " && (")
+    assert "schedulerName" not in validating["webhooks"][0]["matchConditions"][0]["expression"]
     ignore = h.render_chart(set_values={**ON, "webhook.failurePolicy": "Ignore"})
     assert h.one(ignore, "MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"] == "Ignore"
+
+
+def test_scheduler_set_by_policy_where_the_cluster_serves_it(helm: Any) -> None:
+    """mutation auto: a MutatingAdmissionPolicy where the cluster serves v1 (1.36+), the webhook elsewhere; the
+    policy matches what the webhook's /mutate would be sent, and sets what /mutate would."""
+    by_webhook = h.render_chart(set_values=ON, kube_version="v1.35.0")
+    served = h.render_chart(set_values=ON, kube_version="v1.37.2", api_versions=(MAP_API,))
+    assert not h.objects(by_webhook, "MutatingAdmissionPolicy")
+    hook_cond = h.one(by_webhook, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"][0]
+    policy = h.one(served, "MutatingAdmissionPolicy", "gpushare-webhook-scheduler")["spec"]
+    assert policy["matchConditions"] == [hook_cond]
+    assert policy["failurePolicy"] == "Fail" and policy["reinvocationPolicy"] == "Never"
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+    ]
+    (mutation,) = policy["mutations"]
+    patch = f"[JSONPatch{{op: 'add', path: '/spec/schedulerName', value: '{SCHEDULER_NAME}'}}]"
+    assert mutation == {"patchType": "JSONPatch", "jsonPatch": {"expression": patch}}
+    binding = h.one(served, "MutatingAdmissionPolicyBinding", "gpushare-webhook-scheduler")["spec"]
+    assert binding == {"policyName": "gpushare-webhook-scheduler"}
+    # the MutatingWebhookConfiguration stays (it owns the certificate Secret), without the scheduler's hook
+    assert not h.one(served, "MutatingWebhookConfiguration").get("webhooks")
+    assert h.one(served, "ValidatingWebhookConfiguration")["webhooks"][0]["name"] == "request.gpushare.io"
+    forced = h.render_chart(set_values={**ON, "webhook.mutation": "webhook"}, api_versions=(MAP_API,))
+    assert not h.objects(forced, "MutatingAdmissionPolicy")
+    assert h.one(forced, "MutatingWebhookConfiguration")["webhooks"][0]["name"] == "scheduler.gpushare.io"
+    with pytest.raises(h.HelmError, match=r"needs admissionregistration\.k8s\.io/v1 MutatingAdmissionPolicy"):
+        h.render_chart(set_values={**ON, "webhook.mutation": "policy"}, kube_version="v1.35.0")
+    with pytest.raises(h.HelmError, match="mutation"):
+        h.render_chart(set_values={**ON, "webhook.mutation": "cel"})
 
 
 def test_opted_in_namespaces_fail_open(helm: Any) -> None:

@@ -62,6 +62,9 @@ def assert_webhook_gives_scheduler(pod: dict[str, Any]) -> None:
         {"op": "add", "path": "/spec/schedulerName", "value": SCHEDULER_NAME}
     ]
     assert "warnings" not in mutated
+    stored = {**pod, "spec": {**pod["spec"], "schedulerName": SCHEDULER_NAME}}  # validation sees the mutated pod
+    request = {**request, "object": stored}
+    raw = orjson.dumps({"apiVersion": review.API_VERSION, "kind": "AdmissionReview", "request": request})
     checked = review.validate(review.parse_review(raw), None)["response"]
     assert checked == {"uid": "u", "allowed": True}
 

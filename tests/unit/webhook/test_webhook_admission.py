@@ -53,10 +53,21 @@ def test_our_pods_without_a_scheduler_get_ours(named: str | None) -> None:
     assert choose_scheduler(pod(4, scheduler=named), opted_in=False).scheduler_name == SCHEDULER_NAME
 
 
-def test_other_schedulers_are_left_alone_with_a_warning() -> None:
-    m = choose_scheduler(pod(4, scheduler="volcano"), opted_in=False)
-    assert m.scheduler_name is None and "will refuse" in m.warnings[0] and "volcano" in m.warnings[0]
+def test_other_schedulers_are_left_alone_and_warned_at_validation() -> None:
+    assert choose_scheduler(pod(4, scheduler="volcano"), opted_in=False).scheduler_name is None
     assert choose_scheduler(pod(4, scheduler=SCHEDULER_NAME), opted_in=False).scheduler_name is None
+    warned = review(pod(4, scheduler="volcano"), CLUSTER, scheduler_name=SCHEDULER_NAME)
+    assert warned.refusal is None and len(warned.warnings) == 1
+    assert "will refuse" in warned.warnings[0] and "'volcano'" in warned.warnings[0]
+    # a mutation that failed open leaves the default scheduler: said too, of the pod as stored
+    unmutated = review(pod(4, scheduler="default-scheduler"), CLUSTER, scheduler_name=SCHEDULER_NAME)
+    assert "'default-scheduler' is not 'gpushare-scheduler'" in unmutated.warnings[0]
+    assert review(pod(4, scheduler=SCHEDULER_NAME), CLUSTER, scheduler_name=SCHEDULER_NAME).warnings == ()
+    assert review(pod(None, scheduler="volcano"), CLUSTER, scheduler_name=SCHEDULER_NAME).warnings == ()
+    # and with the capacity warnings, both
+    both = review(pod(120, scheduler="volcano"), CLUSTER, scheduler_name=SCHEDULER_NAME).warnings
+    assert len(both) == 2 and "volcano" in both[0] and "80 GiB" in both[1]
+    assert review(pod(4, scheduler="volcano"), CLUSTER).warnings == ()  # no scheduler_name: not asked
 
 
 def test_cpu_only_pods_only_in_opted_in_namespaces() -> None:
@@ -136,14 +147,16 @@ def test_mutation_is_a_json_patch() -> None:
     added = rv.mutate(rv.parse_review(admission_review(pod(4))), opted_in=False)["response"]
     assert json.loads(base64.b64decode(added["patch"]))[0]["op"] == "add"
     other = rv.mutate(rv.parse_review(admission_review(pod(4, scheduler="volcano"))), opted_in=False)["response"]
-    assert "patch" not in other and other["warnings"] and other["allowed"]
+    assert other == {"uid": "u-1", "allowed": True}  # left alone; validation warns
+    warned = rv.validate(rv.parse_review(admission_review(pod(4, scheduler="volcano"))), CLUSTER)["response"]
+    assert warned["allowed"] and "'volcano' is not 'gpushare-scheduler'" in warned["warnings"][0]
 
 
 def test_validation_refuses_with_403_and_warns() -> None:
     refused = rv.validate(rv.parse_review(admission_review(pod("1.5"))), CLUSTER)["response"]
     assert refused["allowed"] is False and refused["status"]["code"] == 403
     assert refused["status"]["message"].startswith("gpushare: pod ns/p: ")
-    warned = rv.validate(rv.parse_review(admission_review(pod(120))), CLUSTER)["response"]
+    warned = rv.validate(rv.parse_review(admission_review(pod(120, scheduler=SCHEDULER_NAME))), CLUSTER)["response"]
     assert warned["allowed"] is True and "80 GiB" in warned["warnings"][0]
     assert rv.validate(rv.parse_review(admission_review({"spec": {}}, kind="Deployment")), CLUSTER)["response"] == {
         "uid": "u-1",

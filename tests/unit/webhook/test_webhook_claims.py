@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from share_core.admission import choose_scheduler
+from share_core.admission import choose_scheduler, other_scheduler
 from share_core.fake import FakeKube
 from share_core.kube import KubeError
 from share_webhook import review
@@ -58,7 +58,8 @@ def test_the_mutation_sets_the_scheduler_only_where_it_is_unset() -> None:
     named = pod(resourceClaimName="ours")
     named["spec"]["schedulerName"] = "volcano"
     decision = choose_scheduler(named, False, claims_ours=True)
-    assert decision.scheduler_name is None and not decision.warnings  # a DRA pod runs under any scheduler
+    assert decision.scheduler_name is None  # a DRA pod runs under any scheduler
+    assert other_scheduler(named) is None  # and is not warned: it asks no gpu-mem
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": pod(resourceClaimName="ours")}}  # fmt: skip
     answer = review.mutate(review.parse_review(orjson.dumps(body)), False, claims_ours=True)["response"]
