@@ -4,10 +4,12 @@ the figures are the creates' own: pods/s and CPU per pod of kube-apiserver, etcd
 
 The webhook runs as bench/bench_throughput.py --webhook runs it (tests/controlplane/webhook.py: the chart's
 configurations, its own certificate, INFO logging), in front of N gpushare nodes (its validation's view);
-the pods name no scheduler, so each is mutated and validated. At the end it counts the connections the API
-server holds open to the webhook.
+the pods name no scheduler, so each is given ours and validated. At the end it counts the connections the API
+server holds open to the webhook. --webhook-mutation policy,webhook runs one scenario per way the chart sets
+the scheduler (kube-apiserver's MutatingAdmissionPolicy, 1.36+, or share-webhook's /mutate).
 
     python bench/bench_admission.py --pods 1000 --rounds 3 --baseline-webhook /work/base
+    python bench/bench_admission.py --pods 1000 --rounds 5 --webhook-mutation policy,webhook
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ def open_connections(port: int) -> int:
     return len(out.stdout.splitlines())
 
 
-def one_round(cp: ControlPlane, admin: ApiServerClient, src: Path | None, pods: int, work: Path) -> dict[str, float]:
+def one_round(
+    cp: ControlPlane, admin: ApiServerClient, src: Path | None, pods: int, work: Path, mutation: str = "auto"
+) -> dict[str, float]:
     hook = None
     if src is not None:
-        hook = Webhook(cp, work / f"webhook-{src.name}.log", log_level="INFO", node_refresh=30.0, src=src)
+        log = work / f"webhook-{src.name}-{mutation}.log"
+        hook = Webhook(cp, log, log_level="INFO", node_refresh=30.0, src=src, mutation=mutation)
         hook.install()
         hook.start()
         hook.wait_trusted()
@@ -78,10 +83,17 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline-webhook", type=Path, help="also an older checkout's share-webhook")
+    ap.add_argument("--webhook-mutation", default="auto",
+                    help="the chart's webhook.mutation values, e.g. policy,webhook (one scenario each)")  # fmt: skip
     args = ap.parse_args()
-    scenarios: dict[str, Path | None] = {"none": None, "webhook": ROOT}
+    mutations = [m for m in args.webhook_mutation.split(",") if m]
+    if not mutations or set(mutations) - {"auto", "policy", "webhook"}:
+        ap.error("--webhook-mutation takes auto, policy and webhook")
+    scenarios: dict[str, tuple[Path | None, str]] = {"none": (None, "auto")}
+    for mutation in mutations:
+        scenarios["webhook" if len(mutations) == 1 else f"webhook ({mutation})"] = (ROOT, mutation)
     if args.baseline_webhook:
-        scenarios["webhook (baseline)"] = args.baseline_webhook.resolve()
+        scenarios["webhook (baseline)"] = (args.baseline_webhook.resolve(), "webhook")
     results: dict[str, list[dict[str, float]]] = {name: [] for name in scenarios}
     with tempfile.TemporaryDirectory(prefix="gpushare-admission-") as tmp:
         work = Path(tmp)
@@ -94,7 +106,8 @@ def main() -> int:
             for r in range(args.rounds):
                 names = list(scenarios) if r % 2 == 0 else list(reversed(scenarios))  # bench_throughput.round_order
                 for name in names:
-                    res = one_round(cp, admin, scenarios[name], args.pods, work)
+                    src, mutation = scenarios[name]
+                    res = one_round(cp, admin, src, args.pods, work, mutation)
                     results[name].append(res)
                     figures = " ".join(f"{k}={v:.2f}" for k, v in res.items())
                     print(f"round {r + 1} {name:<20} {figures}  load {os.getloadavg()[0]:.1f}", flush=True)

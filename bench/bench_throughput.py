@@ -41,9 +41,9 @@ kube-apiserver over TLS on 127.0.0.1: tests/controlplane/webhook.py, as tests/in
 runs it); its pods name no scheduler, so every one is given ours and validated at creation. The
 configurations are removed after the scenario. --webhook-mutation policy,webhook runs it once per way the
 chart sets the scheduler ("<policy> +webhook (policy)": the chart's MutatingAdmissionPolicy, applied inside
-kube-apiserver, 1.36+; "(webhook)": share-webhook's /mutate); auto, the default, is what helm would install. --baseline-webhook adds "<policy> +webhook (baseline)": the
-same with an older checkout's share-webhook (this tree's extender and chart), the webhook's before and after
-in one run.
+kube-apiserver, 1.36+; "(webhook)": share-webhook's /mutate); auto, the default, is what helm would
+install. --baseline-webhook adds "<policy> +webhook (baseline)": the same with an older checkout's
+share-webhook (this tree's extender and chart), the webhook's before and after in one run.
 
 One piece: one benchmark script, its scenarios sharing one control plane and one report.
 """
@@ -641,9 +641,18 @@ def run_scenario(
         which = "" if sc.webhook_src == ROOT else f"{sc.webhook_src.name}-"
         log = workdir / f"webhook-{which}{sc.qps}.log"
         hook = Webhook(cp, log, log_level="INFO", node_refresh=30.0, src=sc.webhook_src, mutation=sc.webhook_mutation)
-        hook.install()
-        hook.start()
-        hook.wait_trusted()
+        try:
+            hook.install()
+            hook.start()
+            hook.wait_trusted()
+        except BaseException:  # no extender or webhook outlives a scenario that failed to start
+            hook.stop()
+            hook.uninstall()
+            if proxy is not None:
+                proxy.stop()
+            if extender is not None:
+                stop_extender(sc, extender)
+            raise
     sched = cp.start_scheduler(yaml.safe_dump(scheduler_config(sc, sched_url + "/gpushare-scheduler")))
     time.sleep(2.0)  # let kube-scheduler's informers sync before the burst
     rng = random.Random(seed)

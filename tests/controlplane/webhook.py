@@ -77,6 +77,10 @@ class Webhook:
         """Its namespace (for the Secret) and the chart's configurations, pointed at this process."""
         if self.cp.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
             self.cp.kubectl("create", "namespace", NAMESPACE)
+        # the policy probe's pod needs one where ServiceAccount admission runs (a controller manager may be late)
+        meta = {"name": "default", "namespace": NAMESPACE}
+        account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps(account))
         docs = configurations(f"https://127.0.0.1:{self.port}", self.mutation, serves_policy(self.cp))
         self.by_policy = any(d["kind"] == "MutatingAdmissionPolicy" for d in docs)
         for cfg in docs:

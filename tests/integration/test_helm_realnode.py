@@ -35,6 +35,7 @@ from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RES
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import CONTROLLER_MANAGER_USER, DEFAULT_CONTROLLERS
 from tests.controlplane.gpucluster import wait_for
+from tests.controlplane.webhook import serves_policy
 from tests.node import RealNode
 from tests.node.images import node_images
 from tests.node.product_images import ProductImages, product_images
@@ -49,6 +50,7 @@ RELEASE = "gpushare"
 NAMESPACE = "gpushare-system"
 SAMPLES_NS = "samples"
 WEBHOOK = f"{RELEASE}-webhook"  # the chart's names for the release
+POLICY_KINDS = "mutatingadmissionpolicies,mutatingadmissionpolicybindings"
 WEBHOOK_SECRET = f"{WEBHOOK}-tls"
 NODE = "gpunode-0"
 SIM_GPUS = "2xA100:80GiB,1xT4:16GiB"
@@ -224,6 +226,14 @@ def test_helm_install(cluster: Cluster) -> None:
     ]
     _poll(lambda: _ca_bundles(c) == {secret["data"]["ca.crt"]}, 30, "the webhook's CA in both configurations", c)
     TIMINGS["webhook_ready"] = time.monotonic() - t0
+    # helm discovered v1 MutatingAdmissionPolicy where kube-apiserver serves it (1.36+): the scheduler is set
+    # there, and the webhook is only asked to validate
+    policies = [x["metadata"]["name"] for x in c.get(POLICY_KINDS)["items"]] if serves_policy(c.cp) else []
+    hooks = [h["name"] for h in mutating.get("webhooks") or []]
+    if serves_policy(c.cp):
+        assert policies == [f"{WEBHOOK}-scheduler"] * 2 and hooks == []
+    else:
+        assert hooks == ["scheduler.gpushare.io"]
     # Nobody but the controllers made pods: no pod of the release lacks an owner.
     assert all(p["metadata"].get("ownerReferences") for p in c.pods(NAMESPACE))
     assert CONTROLLER_MANAGER_USER  # the controllers ran under their own credentials (cluster.py)
@@ -231,7 +241,7 @@ def test_helm_install(cluster: Cluster) -> None:
 
 def _ca_bundles(c: Cluster) -> set[str]:
     kinds = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
-    return {h["clientConfig"].get("caBundle", "") for kind in kinds for h in c.get(kind, WEBHOOK)["webhooks"]}
+    return {h["clientConfig"].get("caBundle", "") for kind in kinds for h in c.get(kind, WEBHOOK).get("webhooks") or []}
 
 
 def _sample_docs() -> list[dict[str, Any]]:
@@ -418,6 +428,8 @@ def test_helm_uninstall_leaves_nothing_behind(cluster: Cluster) -> None:
         left = c.get(kinds, "-A", "-l", selector)["items"]
         left += c.get("clusterroles,clusterrolebindings", "-l", selector)["items"]
         left += c.get("mutatingwebhookconfigurations,validatingwebhookconfigurations", "-l", selector)["items"]
+        if serves_policy(c.cp):
+            left += c.get(POLICY_KINDS, "-l", selector)["items"]
         # the webhook's own Secret (helm never made it): the garbage collector deletes it with its owner
         left += [x for x in c.get("secrets", "-n", NAMESPACE)["items"] if x["metadata"]["name"] == WEBHOOK_SECRET]
         left += c.pods(NAMESPACE)
