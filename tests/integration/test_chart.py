@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.controlplane import ControlPlane
+from tests.controlplane.webhook import serves_policy
 from tests.unit.chart.helm import (
     ALL_OPTIONS,
     CHART_DIR,
@@ -272,6 +273,14 @@ def test_helm_install_dry_run_and_notes(
     notes = out.split("NOTES:", 1)[1]
     assert "kubectl label node <gpu-node> gpushare=true" in notes
     assert ("schedulerName: gpushare-scheduler" in notes) is not webhook and "nvidia.com/gpu-mem:" in notes
-    assert ("The admission webhook gives the pod its" in notes) is webhook
+    assert ("Admission gives the pod its scheduler" in notes) is webhook
+    if webhook:  # all-options sets webhook.mutation=webhook; the default is the policy where it is served
+        by_policy = "--values" not in values and serves_policy(cluster)
+        said = (
+            "the MutatingAdmissionPolicy notes-check-gpushare-webhook-scheduler"
+            if by_policy
+            else "the admission webhook"
+        )
+        assert f"(gpushare-scheduler: {said})" in notes, notes
     assert "kubectl inspect gpushare" in notes
     assert "WARNING" not in notes, "the ServiceMonitor API is served here"
