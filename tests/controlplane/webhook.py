@@ -3,7 +3,9 @@ chart's own webhook configurations (tests/integration/test_webhook.py, bench/ben
 
 The configurations are the chart's (rendered by the real helm, matchConditions and all), with the Service
 reference replaced by the webhook's loopback URL; the webhook makes its certificate (for 127.0.0.1 too),
-stores it in its Secret and writes the caBundle itself, as in a cluster without cert-manager.
+stores it in its Secret and writes the caBundle itself, as in a cluster without cert-manager. The chart is
+rendered for the API server at hand, as `helm install` discovers it: where kube-apiserver serves v1
+MutatingAdmissionPolicy (1.36+), its policy sets the scheduler and the webhook only validates.
 """
 
 from __future__ import annotations
