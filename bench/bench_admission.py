@@ -86,9 +86,7 @@ def main() -> int:
     ap.add_argument("--webhook-mutation", default="auto",
                     help="the chart's webhook.mutation values, e.g. policy,webhook (one scenario each)")  # fmt: skip
     args = ap.parse_args()
-    mutations = [m for m in args.webhook_mutation.split(",") if m]
-    if not mutations or set(mutations) - {"auto", "policy", "webhook"}:
-        ap.error("--webhook-mutation takes auto, policy and webhook")
+    mutations = bt.webhook_mutations(ap, args.webhook_mutation)
     scenarios: dict[str, tuple[Path | None, str]] = {"none": (None, "auto")}
     for mutation in mutations:
         scenarios["webhook" if len(mutations) == 1 else f"webhook ({mutation})"] = (ROOT, mutation)

@@ -240,6 +240,14 @@ class Scenario:
         return GO_RESOURCE_MEM if self.policy == GO else RESOURCE_MEM
 
 
+def webhook_mutations(ap: argparse.ArgumentParser, value: str) -> list[str]:
+    """--webhook-mutation: the chart's webhook.mutation values, one scenario each (bench_admission too)."""
+    mutations = [m for m in value.split(",") if m]
+    if not mutations or set(mutations) - {"auto", "policy", "webhook"}:
+        ap.error("--webhook-mutation takes auto, policy and webhook")
+    return mutations
+
+
 def print_config(src: Path, extender_url: str, filter_keeps: str | None) -> dict[str, Any]:
     argv = [sys.executable, "-m", "share_scheduler.cli", "print-config", "--extender-url", extender_url,
             "--no-leader-elect"]  # fmt: skip
@@ -902,9 +910,7 @@ def main() -> int:
             ap.error(f"--go-extender {binary}: not an executable file")
     if args.baseline_webhook and not args.webhook:
         ap.error("--baseline-webhook goes with --webhook")
-    mutations = [m for m in args.webhook_mutation.split(",") if m]
-    if not mutations or set(mutations) - {"auto", "policy", "webhook"}:
-        ap.error("--webhook-mutation takes auto, policy and webhook")
+    mutations = webhook_mutations(ap, args.webhook_mutation)
     if args.go_extender and not (args.ready or args.pace):
         ap.error("--go-extender runs in the paced mode (--pace) or with --ready")
     if args.pprof:

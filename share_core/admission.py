@@ -48,6 +48,11 @@ def asks_gpu_mem(pod: Pod) -> bool:
     return False
 
 
+def _scheduler_named(pod: Pod) -> Any:
+    spec = pod.get("spec") or {}
+    return spec.get("schedulerName") if isinstance(spec, Mapping) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Mutation:
     """What the mutating webhook does to a pod: set `scheduler_name` (None: leave the pod)."""
@@ -63,8 +68,7 @@ def choose_scheduler(
     the extender); in an opted-in namespace every pod does, CPU-only pods included, so the policy places
     them too. A pod that names another scheduler keeps it (validation warns a gpu-mem one: `other_scheduler`).
     The chart's MutatingAdmissionPolicy (Kubernetes 1.36+) decides the gpu-mem case in CEL the same way."""
-    spec = pod.get("spec") or {}
-    named = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    named = _scheduler_named(pod)
     if named in (None, "", DEFAULT_SCHEDULER) and (opted_in or claims_ours or asks_gpu_mem(pod)):
         return Mutation(scheduler_name)
     return Mutation(None)
@@ -74,8 +78,7 @@ def other_scheduler(pod: Pod, scheduler_name: str = SCHEDULER_NAME) -> str | Non
     """The warning for a pod asking gpu-mem that is stored with another scheduler than ours: our device plugin
     will refuse its containers. Said at validation, of the pod as stored, whichever mutation ran (the
     webhook's, the chart's policy, or none: a mutation that failed open leaves default-scheduler)."""
-    spec = pod.get("spec") or {}
-    named = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    named = _scheduler_named(pod)
     if named == scheduler_name or not asks_gpu_mem(pod):
         return None
     return (

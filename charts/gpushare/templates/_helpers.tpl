@@ -295,6 +295,10 @@ webhook:
 {{- define "gpushare.webhook.namesDefault" -}}
 (!has(object.spec.schedulerName) || object.spec.schedulerName == '' || object.spec.schedulerName == 'default-scheduler')
 {{- end }}
+{{- /* The pods the mutation (webhook or policy) gives our scheduler: asking gpu-mem, naming none. */}}
+{{- define "gpushare.webhook.needsScheduler" -}}
+{{ include "gpushare.webhook.namesDefault" . }} && ({{ include "gpushare.webhook.asksGpuMem" . }})
+{{- end }}
 {{- define "gpushare.webhook.asksGpuMem" -}}
 {{- $c := "has(c.resources) && ((has(c.resources.limits) && 'nvidia.com/gpu-mem' in c.resources.limits) || (has(c.resources.requests) && 'nvidia.com/gpu-mem' in c.resources.requests))" -}}
 object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }}))
