@@ -34,8 +34,10 @@ import orjson  # noqa: E402
 
 from share_core import kubeproto  # noqa: E402
 from share_core.assignment import Assignment  # noqa: E402
-from share_core.kube import ApiServerClient, binding_json  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
+from share_core.kube import ApiServerClient  # noqa: E402
+from share_core.kube import binding_json  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes  # noqa: E402
+from tests.controlplane.barenodes import gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane  # noqa: E402
 

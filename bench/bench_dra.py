@@ -49,40 +49,46 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import yaml  # noqa: E402
-from bench_throughput import (  # noqa: E402
-    NAMESPACE,
-    SIZES,
-    Scenario,
-    delete_all_pods,
-    fmt_row,
-    measure_burst,
-    run_scenario,
-    wait_http,
-)
+from bench_throughput import NAMESPACE  # noqa: E402
+from bench_throughput import SIZES  # noqa: E402
+from bench_throughput import Scenario  # noqa: E402
+from bench_throughput import delete_all_pods  # noqa: E402
+from bench_throughput import fmt_row  # noqa: E402
+from bench_throughput import measure_burst  # noqa: E402
+from bench_throughput import run_scenario  # noqa: E402
+from bench_throughput import wait_http  # noqa: E402
 
 from share_core.contract import MemoryUnit  # noqa: E402
-from share_core.kube import ApiServerClient, KubeError  # noqa: E402
+from share_core.kube import ApiServerClient  # noqa: E402
+from share_core.kube import KubeError  # noqa: E402
 from share_dra.claims import quantity_bytes  # noqa: E402
 from share_dra.kubeapi import ApiServerDraApi  # noqa: E402
-from share_dra.order import ClaimUsage, policy_order  # noqa: E402
+from share_dra.order import ClaimUsage  # noqa: E402
+from share_dra.order import policy_order  # noqa: E402
 from share_dra.publisher import SlicePublisher  # noqa: E402
 from share_node.backend import Gpu  # noqa: E402
 from share_placement import make_policy  # noqa: E402
 from share_placement.draorder import DeviceOrderer  # noqa: E402
 from share_scheduler.config import scheduler_config as extender_scheduler_config  # noqa: E402
-from share_scheduler.sim.engine import build_policy, simulate  # noqa: E402
-from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload, load_openb  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, create_node  # noqa: E402
+from share_scheduler.sim.engine import build_policy  # noqa: E402
+from share_scheduler.sim.engine import simulate  # noqa: E402
+from share_scheduler.sim.workload import MILLI  # noqa: E402
+from share_scheduler.sim.workload import SimNode  # noqa: E402
+from share_scheduler.sim.workload import SimPod  # noqa: E402
+from share_scheduler.sim.workload import Workload  # noqa: E402
+from share_scheduler.sim.workload import load_openb  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes  # noqa: E402
+from tests.controlplane.barenodes import create_node  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
-from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
-from tests.controlplane.draworkload import (  # noqa: E402
-    RESOURCE_API,
-    allocated_devices,
-    claim_pod,
-    device_class,
-    gpu_slice,
-    memory_claim,
-)
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.cluster import ManagedProcess  # noqa: E402
+from tests.controlplane.cluster import free_port  # noqa: E402
+from tests.controlplane.draworkload import RESOURCE_API  # noqa: E402
+from tests.controlplane.draworkload import allocated_devices  # noqa: E402
+from tests.controlplane.draworkload import claim_pod  # noqa: E402
+from tests.controlplane.draworkload import device_class  # noqa: E402
+from tests.controlplane.draworkload import gpu_slice  # noqa: E402
+from tests.controlplane.draworkload import memory_claim  # noqa: E402
 
 OPENB = ROOT.parent / "shared" / "data" / "openb"
 

@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import orjson
 
 from share_core.assignment import Assignment
-from share_core.contract import ANN_NODE_GPUS, EXTENDER_PREFIX, RESOURCE_MEM
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import EXTENDER_PREFIX
+from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
 from share_scheduler.syncer import settle_gc

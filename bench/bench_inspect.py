@@ -17,11 +17,19 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from share_core.assignment import Assignment
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM, MemoryUnit
-from share_core.gpus import GpuInfo, format_node_gpus
-from share_dra.slices import resource_slice, slice_spec
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
+from share_core.gpus import GpuInfo
+from share_core.gpus import format_node_gpus
+from share_dra.slices import resource_slice
+from share_dra.slices import slice_spec
 from share_inspect.dra import dra_state
-from share_inspect.render import render_details, render_json, render_summary, render_yaml
+from share_inspect.render import render_details
+from share_inspect.render import render_json
+from share_inspect.render import render_summary
+from share_inspect.render import render_yaml
 from share_inspect.report import build_report
 from share_node.backend import Gpu
 

@@ -22,10 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import generate_latest
 
 from share_core.assignment import Assignment
-from share_core.contract import RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_plugin.metrics import registry_for
-from share_plugin.monitor import DEFAULT_INTERVAL, Monitor, ProcFs
+from share_plugin.monitor import DEFAULT_INTERVAL
+from share_plugin.monitor import Monitor
+from share_plugin.monitor import ProcFs
+from share_plugin.node import PluginNode
 
 GPUS, PROCESSES, POLLS = 8, 100, 200
 GIB = 1024**3
@@ -100,7 +105,7 @@ def main() -> None:
             )
             devices[gpu].processes.append(types.SimpleNamespace(pid=pid, usedGpuMemory=(2 + n % 3) * GIB))
             devices[gpu].used += (2 + n % 3) * GIB
-        monitor = Monitor(NODE, backend, kube, MemoryUnit.GiB, proc=ProcFs(proc_root))
+        monitor = Monitor(PluginNode(NODE, kube, backend, MemoryUnit.GiB), proc=ProcFs(proc_root))
         registry = registry_for(monitor)
         monitor.poll_once()  # first poll lists the pods; later ones use the cache, as in the plugin
         assert len(monitor.snapshot.usage.containers) == PROCESSES  # type: ignore[union-attr]

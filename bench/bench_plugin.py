@@ -17,14 +17,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from share_core.assignment import Assignment
-from share_core.contract import RESOURCE_MEM, MemoryUnit
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_node.backend import Gpu
-from share_node.backend.sim import SimBackend, sim_uuid
+from share_node.backend.sim import SimBackend
+from share_node.backend.sim import sim_uuid
 from share_plugin.allocator import Allocator
-from share_plugin.devices import KUBELET_MAX_RECV_BYTES, device_list
+from share_plugin.devices import KUBELET_MAX_RECV_BYTES
+from share_plugin.devices import device_list
+from share_plugin.node import PluginNode
 from share_plugin.podresources import PodResourcesClient
-from share_plugin.server import DevicePlugin, PluginConfig
+from share_plugin.server import DevicePlugin
+from share_plugin.server import PluginConfig
 from tests.kubelet import KubeletStandIn
 
 NODE = "bench"
@@ -52,7 +57,7 @@ def allocate_latency(n_pods: int = 200) -> None:
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr.sock")
     kubelet.start()
     unit = MemoryUnit.GiB
-    alloc = Allocator(NODE, kube, backend, unit, PodResourcesClient(f"{d}/pr.sock", RESOURCE_MEM))
+    alloc = Allocator(PluginNode(NODE, kube, backend, unit), PodResourcesClient(f"{d}/pr.sock", RESOURCE_MEM))
     plugin = DevicePlugin(PluginConfig(NODE, f"{d}/dp", unit, health_check=False), backend, alloc)
     plugin.start()
     kubelet.wait_for(lambda: bool(kubelet.devices), 10, "devices")

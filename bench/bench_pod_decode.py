@@ -41,8 +41,13 @@ from share_core import kubeproto  # noqa: E402
 from share_core.assignment import Assignment  # noqa: E402
 from share_core.contract import RESOURCE_MEM  # noqa: E402
 from share_core.kube import ApiServerClient  # noqa: E402
-from share_core.kubeproto import build_messages, many, map_field, one, scalar  # noqa: E402
-from share_core.request import InvalidRequest, pod_request  # noqa: E402
+from share_core.kubeproto import build_messages  # noqa: E402
+from share_core.kubeproto import many  # noqa: E402
+from share_core.kubeproto import map_field  # noqa: E402
+from share_core.kubeproto import one  # noqa: E402
+from share_core.kubeproto import scalar  # noqa: E402
+from share_core.request import InvalidRequest  # noqa: E402
+from share_core.request import pod_request  # noqa: E402
 from share_scheduler.nodes import pod_record  # noqa: E402
 from tests.controlplane.barenodes import gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402

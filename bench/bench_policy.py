@@ -31,7 +31,11 @@ import random
 import statistics
 import time
 
-from share_placement import POLICIES, Demand, GpuSlot, NodeState, make_policy
+from share_placement import POLICIES
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import make_policy
 from share_scheduler.syncer import settle_gc
 
 SIZES = (4, 8, 10, 16, 20, 40, 80)

@@ -79,12 +79,17 @@ import yaml  # noqa: E402
 
 from share_core.assignment import Assignment  # noqa: E402
 from share_core.contract import RESOURCE_MEM  # noqa: E402
-from share_core.kube import ApiServerClient, KubeError  # noqa: E402
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod  # noqa: E402
+from share_core.kube import ApiServerClient  # noqa: E402
+from share_core.kube import KubeError  # noqa: E402
+from tests.controlplane.barenodes import create_bare_nodes  # noqa: E402
+from tests.controlplane.barenodes import gpu_pod  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
-from tests.controlplane.cluster import ControlPlane, ManagedProcess, free_port  # noqa: E402
-from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac  # noqa: E402
+from tests.controlplane.cluster import ControlPlane  # noqa: E402
+from tests.controlplane.cluster import ManagedProcess  # noqa: E402
+from tests.controlplane.cluster import free_port  # noqa: E402
+from tests.controlplane.gpucluster import EXTENDER_SA  # noqa: E402
 from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE  # noqa: E402
+from tests.controlplane.gpucluster import install_chart_rbac  # noqa: E402
 from tests.controlplane.webhook import Webhook  # noqa: E402
 
 NAMESPACE = "bench"

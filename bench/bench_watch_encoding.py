@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_bind_encoding import annotations, bench_cluster, cpu_s  # noqa: E402
+from bench_bind_encoding import annotations  # noqa: E402
+from bench_bind_encoding import bench_cluster  # noqa: E402
+from bench_bind_encoding import cpu_s  # noqa: E402
 
 from share_core.kube import ApiServerClient  # noqa: E402
 from tests.controlplane.barenodes import gpu_pod  # noqa: E402

@@ -29,10 +29,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from share_core.admission import ClusterGpus
-from share_core.contract import ANN_GPU_COUNT, RESOURCE_MEM
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import RESOURCE_MEM
 from share_core.gpus import GpuInfo
-from share_webhook import certs, review
-from share_webhook.server import WebhookMetrics, WebhookServer
+from share_webhook import certs
+from share_webhook import review
+from share_webhook.server import WebhookMetrics
+from share_webhook.server import WebhookServer
 
 
 def pod_review(i: int) -> bytes:

@@ -77,22 +77,22 @@ from __future__ import annotations
 import argparse
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from share_placement import (
-    Demand,
-    FragPolicy,
-    NodeView,
-    eligible_positions,
-    fragmentation_units,
-    shift_aggregates,
-)
+from share_placement import Demand
+from share_placement import FragPolicy
+from share_placement import NodeView
+from share_placement import eligible_positions
+from share_placement import fragmentation_units
+from share_placement import shift_aggregates
 from share_placement.model import model_allowed
 from share_scheduler.sim import variants
 from share_scheduler.sim.engine import arrivals_until
-from share_scheduler.sim.workload import Workload, load_openb
+from share_scheduler.sim.workload import Workload
+from share_scheduler.sim.workload import load_openb
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
 
@@ -203,7 +203,10 @@ def lp_prices(
     proven upper bound too (the best bound branch and bound closed on). `place_all`: every share is
     placed (no share may fail), not a relaxation of every placement but of those that place them all."""
     import numpy as np
-    from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+    from scipy.optimize import Bounds
+    from scipy.optimize import LinearConstraint
+    from scipy.optimize import linprog
+    from scipy.optimize import milp
     from scipy.sparse import lil_matrix
 
     sizes = sorted(counts)
@@ -686,7 +689,8 @@ def lp_timing(workload: Workload, runs: int = 20) -> None:
     import statistics
     import time
 
-    from share_placement.patterns import GapPrices, solve_packing_lp
+    from share_placement.patterns import GapPrices
+    from share_placement.patterns import solve_packing_lp
 
     unit = variants.gpu_unit(workload)
     counts = Counter(p.per_gpu for p in workload.pods if p.count == 1 and 0 < p.per_gpu < unit)

@@ -64,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-real-node", action="store_true", help="use kubelet stand-ins only")
     args = parser.parse_args(argv)
 
-    from share_core.assignment import parse_assignment, pod_annotations
-    from share_core.contract import ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES
+    from share_core.assignment import parse_assignment
+    from share_core.assignment import pod_annotations
+    from share_core.contract import ENV_MEM_LIMIT_MIB
+    from share_core.contract import ENV_VISIBLE_DEVICES
     from share_inspect.cli import main as inspect_main
     from tests.controlplane import ControlPlane
-    from tests.controlplane.gpucluster import GpuCluster, load_yaml_docs, with_scheduler
+    from tests.controlplane.gpucluster import GpuCluster
+    from tests.controlplane.gpucluster import load_yaml_docs
+    from tests.controlplane.gpucluster import with_scheduler
 
     bin_dir = build_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-demo-"))

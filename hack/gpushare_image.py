@@ -46,7 +46,10 @@ if __package__ in (None, ""):  # run as a script: make `hack` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hack import oci
-from hack.node_images import cache_root, input_stamp, k8s_version, sha256_file
+from hack.node_images import cache_root
+from hack.node_images import input_stamp
+from hack.node_images import k8s_version
+from hack.node_images import sha256_file
 
 RECIPE = 1  # bump when the recipe changes in a way the hashed inputs do not show
 HACK = Path(__file__).resolve().parent

@@ -1,17 +1,23 @@
 """gpushare's contract: names, request parsing, assignment annotations, accounting, the API adapter."""
 
-from share_core.accounting import GpuUsage, NodeUsage, holds_gpu_memory, node_usage
-from share_core.assignment import (
-    Assignment,
-    parse_assignment,
-    pod_annotations,
-    pod_is_finished,
-    pod_key,
-    pod_node,
-)
+from share_core.accounting import GpuUsage
+from share_core.accounting import NodeUsage
+from share_core.accounting import holds_gpu_memory
+from share_core.accounting import node_usage
+from share_core.assignment import Assignment
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
+from share_core.assignment import pod_node
 from share_core.contract import MemoryUnit
-from share_core.gpus import GpuInfo, format_node_gpus, node_gpus, parse_node_gpus
-from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_core.gpus import GpuInfo
+from share_core.gpus import format_node_gpus
+from share_core.gpus import node_gpus
+from share_core.gpus import parse_node_gpus
+from share_core.request import InvalidRequest
+from share_core.request import PodRequest
+from share_core.request import pod_request
 
 __version__ = "0.1.0"
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
-from share_core.assignment import Pod, parse_assignment, pod_annotations, pod_is_finished, pod_key
+from share_core.assignment import Pod
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
 from share_core.gpus import GpuInfo
 from share_core.request import InvalidRequest
 

@@ -10,13 +10,18 @@ now) is a warning: a node can join tomorrow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from share_core.contract import RESOURCE_MEM, SCHEDULER_NAME
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
 from share_core.gpus import GpuInfo
-from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_core.request import InvalidRequest
+from share_core.request import PodRequest
+from share_core.request import pod_request
 
 Pod = Mapping[str, Any]
 DEFAULT_SCHEDULER = "default-scheduler"

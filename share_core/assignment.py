@@ -6,15 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from share_core.contract import (
-    ANN_ASSIGNED,
-    ANN_ASSUME_TIME,
-    ANN_GPU_INDEX,
-    ANN_GPU_MEM,
-    ANN_GPU_UUID,
-    TERMINAL_PHASES,
-)
-from share_core.request import InvalidRequest, PodRequest, pod_request
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import ANN_ASSUME_TIME
+from share_core.contract import ANN_GPU_INDEX
+from share_core.contract import ANN_GPU_MEM
+from share_core.contract import ANN_GPU_UUID
+from share_core.contract import TERMINAL_PHASES
+from share_core.request import InvalidRequest
+from share_core.request import PodRequest
+from share_core.request import pod_request
 
 Pod = Mapping[str, Any]
 

@@ -10,19 +10,19 @@ share-dra read the API through these, so they count alike.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from share_core.contract import (
-    DRA_ATTR_INDEX,
-    DRA_ATTR_MODEL,
-    DRA_ATTR_UUID,
-    DRA_CAPACITY_MEMORY,
-    DRA_DEVICE_CLASS,
-    DRA_DRIVER_NAME,
-)
-from share_core.request import InvalidRequest, parse_quantity
+from share_core.contract import DRA_ATTR_INDEX
+from share_core.contract import DRA_ATTR_MODEL
+from share_core.contract import DRA_ATTR_UUID
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.request import InvalidRequest
+from share_core.request import parse_quantity
 
 Obj = Mapping[str, Any]
 MIB = 1024 * 1024

@@ -27,24 +27,28 @@ import argparse
 import copy
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+from typing import TextIO
 
-from share_core.contract import (
-    ANN_GPU_COUNT,
-    ANN_GPU_MODEL,
-    DRA_ATTR_MODEL,
-    DRA_ATTR_UUID,
-    DRA_CAPACITY_MEMORY,
-    DRA_DEVICE_CLASS,
-    DRA_DRIVER_NAME,
-    RESOURCE_MEM,
-    SCHEDULER_NAME,
-    MemoryUnit,
-)
-from share_core.request import ContainerRequest, InvalidRequest, pod_request
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import DRA_ATTR_MODEL
+from share_core.contract import DRA_ATTR_UUID
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
+from share_core.request import ContainerRequest
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
 
 Obj = dict[str, Any]
 

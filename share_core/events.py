@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from share_core.kube import KubeClient, KubeError
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,18 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from typing import Any
 
-from share_core.kube import Conflict, KubeError, ListResult, NotFound, Obj, Pages, WatchEvent
+from share_core.kube import Conflict
+from share_core.kube import KubeError
+from share_core.kube import ListResult
+from share_core.kube import NotFound
+from share_core.kube import Obj
+from share_core.kube import Pages
+from share_core.kube import WatchEvent
 
 
 def _match_fields(obj: Obj, selector: str | None) -> bool:

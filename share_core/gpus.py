@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM
-from share_core.request import InvalidRequest, parse_units
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
+from share_core.request import InvalidRequest
+from share_core.request import parse_units
 
 
 @dataclass(frozen=True, slots=True)

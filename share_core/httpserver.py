@@ -50,7 +50,10 @@ from typing import Any
 
 import orjson
 
-from share_core.httpconn import MAX_HEADER_LINE, BodyTooLarge, read_chunked, read_headers
+from share_core.httpconn import MAX_HEADER_LINE
+from share_core.httpconn import BodyTooLarge
+from share_core.httpconn import read_chunked
+from share_core.httpconn import read_headers
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,21 @@ import ssl
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from typing import Any
+from typing import Protocol
+from urllib.parse import quote
+from urllib.parse import urlencode
 
 import orjson
 import urllib3
 
 from share_core import kubeproto
-from share_core.httpconn import ConnectionPool, TransportError
+from share_core.httpconn import ConnectionPool
+from share_core.httpconn import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +225,8 @@ class KubeClient(Protocol):
 
 def load_configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A `kubernetes.client.Configuration`: from the kubeconfig if given, else in-cluster, else ~/.kube/config."""
-    from kubernetes import client, config
+    from kubernetes import client
+    from kubernetes import config
 
     cfg = client.Configuration()
     if kubeconfig:

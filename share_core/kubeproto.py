@@ -12,7 +12,9 @@ bytes ``k8s\\x00`` then a runtime.Unknown message whose `raw` is the versioned o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
@@ -139,7 +141,9 @@ def build_messages(
 ) -> dict[str, Any]:
     """The message classes `names` of a proto2 file built at run time: `messages` maps each message's
     name to its fields. Fields the schema lacks are skipped by the parser."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pool
+    from google.protobuf import message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
     scalars = {"string": F.TYPE_STRING, "bytes": F.TYPE_BYTES, "int32": F.TYPE_INT32}

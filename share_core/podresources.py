@@ -25,9 +25,11 @@ import math
 from collections.abc import Mapping
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
-from share_core.request import InvalidRequest, parse_quantity
+from share_core.request import InvalidRequest
+from share_core.request import parse_quantity
 
 CPU = "cpu"
 MEMORY = "memory"

@@ -8,10 +8,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from decimal import InvalidOperation
 from typing import Any
 
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_MEM
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import RESOURCE_MEM
 
 Pod = Mapping[str, Any]
 

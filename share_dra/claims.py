@@ -12,22 +12,24 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from decimal import InvalidOperation
 from typing import Any
 
-from share_core.contract import (
-    CDI_NVIDIA_GPU_KIND,
-    DEVICE_LIST_CDI_CRI,
-    DEVICE_LIST_ENVVAR,
-    DRA_CDI_KIND,
-    DRA_DRIVER_NAME,
-    MemoryUnit,
-    dra_cdi_device,
-    dra_device_name,
-)
-from share_core.dra import claim_allocated, claim_results
+from share_core.contract import CDI_NVIDIA_GPU_KIND
+from share_core.contract import DEVICE_LIST_CDI_CRI
+from share_core.contract import DEVICE_LIST_ENVVAR
+from share_core.contract import DRA_CDI_KIND
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import MemoryUnit
+from share_core.contract import dra_cdi_device
+from share_core.contract import dra_device_name
+from share_core.dra import claim_allocated
+from share_core.dra import claim_results
 from share_node.backend import Gpu
 from share_node.env import gpu_env
 

@@ -11,19 +11,21 @@ import logging
 import threading
 from pathlib import Path
 
-from share_core.config import parse_args, start_logging
-from share_core.contract import (
-    DEFAULT_CDI_DIR,
-    DEFAULT_CDI_SPEC_DIRS,
-    DEFAULT_DRA_PLUGIN_DIR,
-    DEFAULT_PLUGINS_REGISTRY_DIR,
-    DRA_DRIVER_NAME,
-    DRA_UNHEALTHY_MODES,
-    DRA_UNHEALTHY_WITHDRAW,
-    MemoryUnit,
-)
-from share_node.agent import open_agent, stop_on_signals
-from share_node.backend.options import add_backend_args, agent_parser, env_arg
+from share_core.config import parse_args
+from share_core.config import start_logging
+from share_core.contract import DEFAULT_CDI_DIR
+from share_core.contract import DEFAULT_CDI_SPEC_DIRS
+from share_core.contract import DEFAULT_DRA_PLUGIN_DIR
+from share_core.contract import DEFAULT_PLUGINS_REGISTRY_DIR
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DRA_UNHEALTHY_MODES
+from share_core.contract import DRA_UNHEALTHY_WITHDRAW
+from share_core.contract import MemoryUnit
+from share_node.agent import open_agent
+from share_node.agent import stop_on_signals
+from share_node.backend.options import add_backend_args
+from share_node.backend.options import agent_parser
+from share_node.backend.options import env_arg
 from share_placement import POLICIES
 
 log = logging.getLogger("share_dra")
@@ -99,10 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--node-name (or env NODE_NAME) is required: the slice is published for that node")
         return 2
 
-    from share_dra.driver import CHECKPOINT_NAME, Checkpoint, Driver
+    from share_dra.driver import CHECKPOINT_NAME
+    from share_dra.driver import Checkpoint
+    from share_dra.driver import Driver
     from share_dra.kubeapi import ApiServerDraApi
     from share_dra.publisher import SlicePublisher
-    from share_dra.server import PluginServers, Sockets
+    from share_dra.server import PluginServers
+    from share_dra.server import Sockets
 
     unit = MemoryUnit.parse(args.memory_unit)
     if (opened := open_agent(args, "gpushare-dra", log)) is None:
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     usage = None
     order = None
     if args.policy:
-        from share_dra.order import ClaimUsage, policy_order
+        from share_dra.order import ClaimUsage
+        from share_dra.order import policy_order
         from share_placement import make_policy
         from share_placement.draorder import DeviceOrderer
 

@@ -13,27 +13,34 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 import yaml
 
-from share_core.contract import DRA_DRIVER_NAME, MemoryUnit, dra_cdi_spec_file
-from share_core.kube import KubeError, NotFound
-from share_dra.claims import (
-    ClaimError,
-    PreparedDevice,
-    allocated_devices,
-    claim_memory,
-    claim_pods,
-    nvidia_cdi_names,
-    prepare,
-    spec_text,
-)
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import MemoryUnit
+from share_core.contract import dra_cdi_spec_file
+from share_core.kube import KubeError
+from share_core.kube import NotFound
+from share_dra.claims import ClaimError
+from share_dra.claims import PreparedDevice
+from share_dra.claims import allocated_devices
+from share_dra.claims import claim_memory
+from share_dra.claims import claim_pods
+from share_dra.claims import nvidia_cdi_names
+from share_dra.claims import prepare
+from share_dra.claims import spec_text
 from share_node.backend import Gpu
-from share_node.hardlimit import HardLimiter, HardLimitError
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import HardLimitError
 
 log = logging.getLogger(__name__)
 

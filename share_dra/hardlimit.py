@@ -7,10 +7,17 @@ import argparse
 import logging
 import threading
 
-from share_core.contract import ANN_NODE_HARD_LIMIT, HARD_LIMIT_OFF
-from share_core.kube import KubeClient, KubeError, now_rfc3339
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import HARD_LIMIT_OFF
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
+from share_core.kube import now_rfc3339
 from share_node.backend import GpuBackend
-from share_node.hardlimit import HardLimiter, Support, check_required, gpu_facts, probe
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import Support
+from share_node.hardlimit import check_required
+from share_node.hardlimit import gpu_facts
+from share_node.hardlimit import probe
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ resource.k8s.io resourceslices list/create/update/delete (the driver touches onl
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 from urllib.parse import quote
 
 from share_core.contract import DRA_DRIVER_NAME

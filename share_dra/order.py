@@ -13,16 +13,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimResult, ask_units, claim_ask, claim_name, claim_results
-from share_core.kube import Gone, KubeClient, KubeError
+from share_core.dra import ClaimResult
+from share_core.dra import ask_units
+from share_core.dra import claim_ask
+from share_core.dra import claim_name
+from share_core.dra import claim_results
+from share_core.kube import Gone
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
 from share_core.retry import Backoff
 from share_dra.slices import capacity_mib
 from share_node.backend import Gpu
-from share_placement import Demand, GpuSlot, NodeState
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
 from share_placement.draorder import DeviceOrderer
 
 log = logging.getLogger(__name__)

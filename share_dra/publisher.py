@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
-from share_core.contract import DRA_UNHEALTHY_WITHDRAW, MemoryUnit
-from share_core.kube import Conflict, KubeError, NotFound
+from share_core.contract import DRA_UNHEALTHY_WITHDRAW
+from share_core.contract import MemoryUnit
+from share_core.kube import Conflict
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 from share_dra import slices
 from share_dra.kubeapi import DraApi
 from share_node.backend import Gpu

@@ -15,24 +15,24 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import grpc
 
-from share_core.contract import (
-    DEFAULT_DRA_PLUGIN_DIR,
-    DEFAULT_PLUGINS_REGISTRY_DIR,
-    DRA_DRIVER_NAME,
-    DRA_PLUGIN_TYPE,
-    DRA_REGISTRATION_SOCKET_NAME,
-    DRA_SERVICE_V1,
-    DRA_SOCKET_NAME,
-)
+from share_core.contract import DEFAULT_DRA_PLUGIN_DIR
+from share_core.contract import DEFAULT_PLUGINS_REGISTRY_DIR
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DRA_PLUGIN_TYPE
+from share_core.contract import DRA_REGISTRATION_SOCKET_NAME
+from share_core.contract import DRA_SERVICE_V1
+from share_core.contract import DRA_SOCKET_NAME
 from share_dra.api import dra_v1_pb2 as pb
 from share_dra.api import dra_v1_pb2_grpc as pbgrpc
 from share_dra.api import pluginregistration_v1_pb2 as regpb
 from share_dra.api import pluginregistration_v1_pb2_grpc as reggrpc
-from share_dra.driver import ClaimRef, Driver
+from share_dra.driver import ClaimRef
+from share_dra.driver import Driver
 
 log = logging.getLogger(__name__)
 

@@ -12,22 +12,21 @@ see it and why; that needs DRADeviceTaints (on by default from 1.36; an API serv
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from share_core.contract import (
-    DRA_ATTR_DRIVER_VERSION,
-    DRA_ATTR_INDEX,
-    DRA_ATTR_MODEL,
-    DRA_ATTR_UUID,
-    DRA_CAPACITY_MEMORY,
-    DRA_DRIVER_NAME,
-    DRA_TAINT_UNHEALTHY,
-    DRA_UNHEALTHY_TAINT,
-    DRA_UNHEALTHY_WITHDRAW,
-    MemoryUnit,
-    dra_device_name,
-)
+from share_core.contract import DRA_ATTR_DRIVER_VERSION
+from share_core.contract import DRA_ATTR_INDEX
+from share_core.contract import DRA_ATTR_MODEL
+from share_core.contract import DRA_ATTR_UUID
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DRA_TAINT_UNHEALTHY
+from share_core.contract import DRA_UNHEALTHY_TAINT
+from share_core.contract import DRA_UNHEALTHY_WITHDRAW
+from share_core.contract import MemoryUnit
+from share_core.contract import dra_device_name
 from share_node.backend import Gpu
 
 Obj = dict[str, Any]

@@ -10,14 +10,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import TextIO
 
-from share_core.contract import TERMINAL_PHASES, MemoryUnit
-from share_core.kube import ApiServerClient, Forbidden, KubeClient, KubeError, NotFound, Unavailable
-from share_inspect.dra import DRA_DRIVER, DraState, dra_state
-from share_inspect.render import Style, render_details, render_json, render_problems, render_summary, render_yaml
-from share_inspect.report import Report, build_report
+from share_core.contract import TERMINAL_PHASES
+from share_core.contract import MemoryUnit
+from share_core.kube import ApiServerClient
+from share_core.kube import Forbidden
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
+from share_core.kube import NotFound
+from share_core.kube import Unavailable
+from share_inspect.dra import DRA_DRIVER
+from share_inspect.dra import DraState
+from share_inspect.dra import dra_state
+from share_inspect.render import Style
+from share_inspect.render import render_details
+from share_inspect.render import render_json
+from share_inspect.render import render_problems
+from share_inspect.render import render_summary
+from share_inspect.render import render_yaml
+from share_inspect.report import Report
+from share_inspect.report import build_report
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # any other API or configuration failure

@@ -10,13 +10,20 @@ consumedCapacity (the DRAConsumableCapacity gate off) holds its device whole.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from share_core.contract import DRA_DRIVER_NAME as DRA_DRIVER
 from share_core.contract import MemoryUnit
-from share_core.dra import DraGpu, claim_name, claim_pods, claim_results, quantity_mib, slice_devices
+from share_core.dra import DraGpu
+from share_core.dra import claim_name
+from share_core.dra import claim_pods
+from share_core.dra import claim_results
+from share_core.dra import quantity_mib
+from share_core.dra import slice_devices
 
 __all__ = ["DRA_DRIVER", "DraClaim", "DraGpu", "DraState", "dra_state", "quantity_mib", "to_units"]
 

@@ -14,16 +14,14 @@ from dataclasses import dataclass
 import orjson
 import yaml
 
-from share_inspect.report import (
-    MODE_DRA,
-    STATE_ALLOCATING,
-    STATE_UNUSED,
-    GpuRow,
-    NodeRow,
-    Report,
-    percent,
-    report_to_dict,
-)
+from share_inspect.report import MODE_DRA
+from share_inspect.report import STATE_ALLOCATING
+from share_inspect.report import STATE_UNUSED
+from share_inspect.report import GpuRow
+from share_inspect.report import NodeRow
+from share_inspect.report import Report
+from share_inspect.report import percent
+from share_inspect.report import report_to_dict
 
 RULE = "-" * 80
 CLUSTER_LINE = "Allocated/Total GPU Memory In Cluster:"

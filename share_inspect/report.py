@@ -18,25 +18,36 @@ the claim is allocated but no live pod holds it (its memory stays taken until th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
-from share_core.accounting import holds_gpu_memory, node_usage
-from share_core.assignment import parse_assignment, pod_annotations, pod_key, pod_node
-from share_core.contract import (
-    ANN_ASSIGNED,
-    ANN_NODE_GPU_USAGE,
-    ANN_NODE_GPUS,
-    ANN_NODE_HARD_LIMIT,
-    RESOURCE_MEM,
-    MemoryUnit,
-)
-from share_core.gpus import GpuInfo, node_gpus
-from share_core.gpuusage import UsageSummary, parse_gpu_usage
+from share_core.accounting import holds_gpu_memory
+from share_core.accounting import node_usage
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_key
+from share_core.assignment import pod_node
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import ANN_NODE_GPU_USAGE
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
+from share_core.gpus import GpuInfo
+from share_core.gpus import node_gpus
+from share_core.gpuusage import UsageSummary
+from share_core.gpuusage import parse_gpu_usage
 from share_core.hardlimit import HardLimitStatus
-from share_core.request import InvalidRequest, pod_request
-from share_inspect.dra import DraClaim, DraGpu, DraState, to_units
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
+from share_inspect.dra import DraClaim
+from share_inspect.dra import DraGpu
+from share_inspect.dra import DraState
+from share_inspect.dra import to_units
 
 Obj = Mapping[str, Any]
 

@@ -9,23 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-from share_core.contract import (
-    DEFAULT_MPS_PIPE_DIR,
-    DEVICE_LIST_ENVVAR,
-    DEVICE_LIST_VOLUME_MOUNTS,
-    ENV_ALIYUN_CONTAINER,
-    ENV_ALIYUN_DEV,
-    ENV_ALIYUN_IDX,
-    ENV_ALIYUN_POD,
-    ENV_GPU_INDEX,
-    ENV_MEM_LIMIT_MIB,
-    ENV_MEM_TOTAL_MIB,
-    ENV_MPS_PINNED_LIMIT,
-    ENV_MPS_PIPE_DIRECTORY,
-    ENV_VISIBLE_DEVICES,
-    VISIBLE_DEVICES_MOUNT_ROOT,
-    MemoryUnit,
-)
+from share_core.contract import DEFAULT_MPS_PIPE_DIR
+from share_core.contract import DEVICE_LIST_ENVVAR
+from share_core.contract import DEVICE_LIST_VOLUME_MOUNTS
+from share_core.contract import ENV_ALIYUN_CONTAINER
+from share_core.contract import ENV_ALIYUN_DEV
+from share_core.contract import ENV_ALIYUN_IDX
+from share_core.contract import ENV_ALIYUN_POD
+from share_core.contract import ENV_GPU_INDEX
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_MEM_TOTAL_MIB
+from share_core.contract import ENV_MPS_PINNED_LIMIT
+from share_core.contract import ENV_MPS_PIPE_DIRECTORY
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import VISIBLE_DEVICES_MOUNT_ROOT
+from share_core.contract import MemoryUnit
 from share_node.backend import Gpu
 
 

@@ -32,19 +32,23 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
-from share_core.assignment import placed_request, pod_is_finished
-from share_core.contract import (
-    HARD_LIMIT_CGROUP,
-    HARD_LIMIT_MIN_DRIVER,
-    HARD_LIMIT_MODES,
-    HARD_LIMIT_OFF,
-    MemoryUnit,
-)
+from share_core.assignment import placed_request
+from share_core.assignment import pod_is_finished
+from share_core.contract import HARD_LIMIT_CGROUP
+from share_core.contract import HARD_LIMIT_MIN_DRIVER
+from share_core.contract import HARD_LIMIT_MODES
+from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import MemoryUnit
 from share_core.hardlimit import HardLimitStatus
 
 log = logging.getLogger(__name__)

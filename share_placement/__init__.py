@@ -22,33 +22,32 @@ from collections.abc import Sequence
 from typing import Any
 
 from share_placement.bestfit import BestFitPolicy
-from share_placement.binpack import BinpackPolicy, SpreadPolicy
-from share_placement.fgd import FgdPolicy, TypicalPods, fgd_fragmentation
+from share_placement.binpack import BinpackPolicy
+from share_placement.binpack import SpreadPolicy
+from share_placement.fgd import FgdPolicy
+from share_placement.fgd import TypicalPods
+from share_placement.fgd import fgd_fragmentation
 from share_placement.frag import FragPolicy
-from share_placement.model import (
-    NEG_INF,
-    Demand,
-    Evaluation,
-    GpuSlot,
-    GpuView,
-    NodeState,
-    NodeView,
-    Policy,
-    eligible_positions,
-    fits,
-    learns,
-    node_view,
-)
+from share_placement.model import NEG_INF
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import GpuSlot
+from share_placement.model import GpuView
+from share_placement.model import NodeState
+from share_placement.model import NodeView
+from share_placement.model import Policy
+from share_placement.model import eligible_positions
+from share_placement.model import fits
+from share_placement.model import learns
+from share_placement.model import node_view
 from share_placement.randomfit import RandomPolicy
-from share_placement.workload import (
-    WorkloadTable,
-    fill_ratio,
-    fragmentation,
-    fragmentation_from,
-    fragmentation_units,
-    group_aggregates,
-    shift_aggregates,
-)
+from share_placement.workload import WorkloadTable
+from share_placement.workload import fill_ratio
+from share_placement.workload import fragmentation
+from share_placement.workload import fragmentation_from
+from share_placement.workload import fragmentation_units
+from share_placement.workload import group_aggregates
+from share_placement.workload import shift_aggregates
 
 __all__ = [
     "NEG_INF",

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from share_placement.binpack import best_fit
-from share_placement.model import (
-    Demand,
-    Evaluation,
-    NodeView,
-    ViewPolicy,
-    eligible_positions,
-)
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import NodeView
+from share_placement.model import ViewPolicy
+from share_placement.model import eligible_positions
 
 
 class BestFitPolicy(ViewPolicy):

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from share_placement.model import (
-    NEG_INF,
-    Demand,
-    Evaluation,
-    NodeView,
-    ViewPolicy,
-    eligible_positions,
-)
+from share_placement.model import NEG_INF
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import NodeView
+from share_placement.model import ViewPolicy
+from share_placement.model import eligible_positions
 
 
 def best_fit(view: NodeView, elig: list[int], count: int) -> tuple[int, ...]:

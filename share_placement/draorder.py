@@ -20,7 +20,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from share_placement.model import Demand, NodeState, Policy, learns, model_allowed
+from share_placement.model import Demand
+from share_placement.model import NodeState
+from share_placement.model import Policy
+from share_placement.model import learns
+from share_placement.model import model_allowed
 
 
 def first_fit(order: tuple[int, ...], node: NodeState, demand: Demand) -> tuple[int, ...] | None:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import math
 import threading
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
 from share_placement.binpack import best_fit
-from share_placement.model import (
-    MISSING,
-    Demand,
-    Evaluation,
-    GpuView,
-    NodeView,
-    ViewPolicy,
-    eligible_positions,
-    model_allowed,
-)
-from share_placement.workload import TABLE_REFRESH, ClassGroup, WorkloadTable
+from share_placement.model import MISSING
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import GpuView
+from share_placement.model import NodeView
+from share_placement.model import ViewPolicy
+from share_placement.model import eligible_positions
+from share_placement.model import model_allowed
+from share_placement.workload import ClassGroup
+from share_placement.workload import ClassKey
+from share_placement.workload import ObservedClasses
+from share_placement.workload import WorkloadTable
 
 # ---------------------------------------------------------------------------------------------------
 # FGD, as published (Weng et al., "Beware of Fragmentation", USENIX ATC '23, section 4), kept apart from
@@ -52,7 +54,7 @@ class TypicalPods:
     classes: int  # how many classes survived the popularity cut
 
     @staticmethod
-    def from_counts(counts: dict[tuple[int, int, tuple[str, ...], int], float], popularity: float) -> TypicalPods:
+    def from_counts(counts: dict[ClassKey, float], popularity: float) -> TypicalPods:
         """Top classes by count until their cumulative share reaches `popularity`, renormalised."""
         total = sum(counts.values())
         if total <= 0:
@@ -117,11 +119,9 @@ class FgdPolicy(ViewPolicy):
         self.gpu_unit = gpu_unit
         self.popularity = popularity
         self._lock = threading.Lock()
-        self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
-        self._observed = 0
+        self._classes = ObservedClasses()
         self._dirty = False
         self._typical = TypicalPods((), 0.0, 0)
-        self._typical_observed = 0
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
 
@@ -134,9 +134,7 @@ class FgdPolicy(ViewPolicy):
             demand.cpu,
         )
         with self._lock:
-            self._counts[key] = self._counts.get(key, 0.0) + 1.0
-            self._observed += 1
-            if self._observed >= (1.0 + TABLE_REFRESH) * max(self._typical_observed, 1):
+            if self._classes.add(key):
                 self._dirty = True
 
     @property
@@ -145,8 +143,8 @@ class FgdPolicy(ViewPolicy):
         if self._dirty:
             with self._lock:
                 if self._dirty:
-                    self._typical = TypicalPods.from_counts(self._counts, self.popularity)
-                    self._typical_observed = self._observed
+                    self._typical = TypicalPods.from_counts(self._classes.counts, self.popularity)
+                    self._classes.rebuilt()
                     self._memo = {}
                     self._eval_memo = {}
                     self._dirty = False

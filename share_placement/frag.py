@@ -11,7 +11,8 @@ compare them choice for choice).
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Sequence
 from fractions import Fraction
 from itertools import accumulate
@@ -19,46 +20,38 @@ from operator import itemgetter
 from typing import Any
 
 from share_placement.binpack import best_fit
-from share_placement.frag_pricing import (
-    GAP_WEIGHT,
-    HOST_QUANTILE,
-    MEMO_LIMIT,
-    KeySums,
-    NodeSig,
-    Prefix,
-    Pricer,
-    key_change,
-    one_gpu_price,
-    quantile,
-)
+from share_placement.frag_pricing import GAP_WEIGHT
+from share_placement.frag_pricing import HOST_QUANTILE
+from share_placement.frag_pricing import MEMO_LIMIT
+from share_placement.frag_pricing import KeySums
+from share_placement.frag_pricing import NodeSig
+from share_placement.frag_pricing import Prefix
+from share_placement.frag_pricing import Pricer
+from share_placement.frag_pricing import key_change
+from share_placement.frag_pricing import one_gpu_price
+from share_placement.frag_pricing import quantile
 from share_placement.frag_scores import frag_scores
-from share_placement.model import (
-    MISSING,
-    Demand,
-    Evaluation,
-    GpuView,
-    NodeView,
-    ViewPolicy,
-    eligible_positions,
-    model_allowed,
-)
-from share_placement.workload import (
-    TABLE_REFRESH,
-    Aggregates,
-    WorkloadTable,
-    fill_ratio,
-    fragmentation_units,
-    group_aggregates,
-    shift_aggregates,
-)
+from share_placement.model import MISSING
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import GpuView
+from share_placement.model import NodeView
+from share_placement.model import ViewPolicy
+from share_placement.model import eligible_positions
+from share_placement.model import model_allowed
+from share_placement.workload import Aggregates
+from share_placement.workload import ObservedClasses
+from share_placement.workload import WorkloadTable
+from share_placement.workload import fill_ratio
+from share_placement.workload import fragmentation_units
+from share_placement.workload import group_aggregates
+from share_placement.workload import shift_aggregates
 
 
 class FragPolicy(ViewPolicy):
     """Least growth of expected fragmentation under the learned workload; best fit on ties."""
 
     name = "frag"
-    # Rebuild the class table when the observed count has grown by this fraction (or a class group is new).
-    REFRESH = TABLE_REFRESH
     MEMO_LIMIT = MEMO_LIMIT
     PREFIX_LIMIT = 50_000  # per-state running sums kept (a few hundred bytes each; 5,000 nodes need 5,000)
 
@@ -86,10 +79,8 @@ class FragPolicy(ViewPolicy):
         self._gap_w = Fraction(gap_weight).limit_denominator(1000)
         self.gpu_unit = gpu_unit
         self._lock = threading.Lock()
-        self._counts: dict[tuple[int, int, tuple[str, ...], int], float] = {}
+        self._classes = ObservedClasses()
         self._groups: set[tuple[tuple[str, ...], int, int]] = set()  # (models, per_gpu, count) observed
-        self._observed = 0
-        self._table_observed = 0
         self._dirty = False
         self._table = WorkloadTable((), 0)
         self._pricer = Pricer(self._table, self._wa, self._wb, self._gap_w, gpu_unit)
@@ -111,8 +102,7 @@ class FragPolicy(ViewPolicy):
         models = tuple(sorted(m.lower() for m in demand.models))
         key = (demand.per_gpu, demand.count, models, demand.cpu)
         with self._lock:
-            if key not in self._counts:
-                self._counts[key] = 0.0
+            if key not in self._classes.counts:
                 group = (models, demand.per_gpu, demand.count)
                 if group not in self._groups:
                     # A shape the table has no group for: priced without it until the refresh, so at
@@ -121,13 +111,11 @@ class FragPolicy(ViewPolicy):
                     # cost the next filter ~100 ms).
                     self._groups.add(group)
                     self._dirty = True
-            self._counts[key] += 1.0
+            if self._classes.add(key):
+                self._dirty = True
             if demand.count == 1:
                 ask = (demand.per_gpu, demand.cpu, demand.memory)
                 self._share_asks[ask] = self._share_asks.get(ask, 0) + 1
-            self._observed += 1
-            if self._observed >= (1.0 + self.REFRESH) * max(self._table_observed, 1):
-                self._dirty = True
 
     def set_gpu_unit(self, units: int | None) -> None:
         """The capacity of a GPU the gap price packs shares into (the cluster's largest GPU, in units), told
@@ -144,7 +132,7 @@ class FragPolicy(ViewPolicy):
         if self._dirty:
             with self._lock:
                 if self._dirty:
-                    table = WorkloadTable.from_counts(self._counts)
+                    table = WorkloadTable.from_counts(self._classes.counts)
                     pricer = Pricer(table, self._wa, self._wb, self._gap_w, self.gpu_unit)
                     if [(g.models, g.per_gpu) for g in table.groups] != [
                         (g.models, g.per_gpu) for g in self._table.groups
@@ -155,7 +143,7 @@ class FragPolicy(ViewPolicy):
                     if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
                         pricer.node_sigs = self._pricer.node_sigs  # the nodes' room positions stand
                     self._table, self._pricer = table, pricer
-                    self._table_observed = self._observed
+                    self._classes.rebuilt()
                     self._pressure = {}
                     self._memo = {}
                     self._eval_memo = {}

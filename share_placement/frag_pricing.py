@@ -11,19 +11,20 @@ back exactly (tests/unit/placement/test_frag_pricing.py compares them) would dri
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left
+from bisect import bisect_right
+from collections.abc import Iterable
+from collections.abc import Sequence
 from fractions import Fraction
-from itertools import accumulate, repeat
+from itertools import accumulate
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
-from share_placement.model import (
-    MISSING,
-    GpuView,
-    model_allowed,
-    room_at_least,
-)
+from share_placement.model import MISSING
+from share_placement.model import GpuView
+from share_placement.model import model_allowed
+from share_placement.model import room_at_least
 from share_placement.patterns import GapPrices
 from share_placement.workload import WorkloadTable
 

@@ -25,7 +25,10 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from share_placement.model import NEG_INF, Demand, NodeView, model_allowed
+from share_placement.model import NEG_INF
+from share_placement.model import Demand
+from share_placement.model import NodeView
+from share_placement.model import model_allowed
 
 if TYPE_CHECKING:
     from share_placement.frag import FragPolicy

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from fractions import Fraction
 
 MAX_PIVOTS = 10_000

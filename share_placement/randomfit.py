@@ -5,13 +5,11 @@ from __future__ import annotations
 import random
 import threading
 
-from share_placement.model import (
-    Demand,
-    Evaluation,
-    NodeView,
-    ViewPolicy,
-    eligible_positions,
-)
+from share_placement.model import Demand
+from share_placement.model import Evaluation
+from share_placement.model import NodeView
+from share_placement.model import ViewPolicy
+from share_placement.model import eligible_positions
 
 
 class RandomPolicy(ViewPolicy):

@@ -9,10 +9,11 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from fractions import Fraction
 
-from share_placement.model import (
-    GpuView,
-    model_allowed,
-)
+from share_placement.model import GpuView
+from share_placement.model import model_allowed
+
+# A pod class as the learning policies count it: (GPU share, GPUs, models allowed (lower case), CPU).
+ClassKey = tuple[int, int, tuple[str, ...], int]
 
 # ---------------------------------------------------------------------------------------------------
 # Fragmentation-aware placement.
@@ -52,7 +53,7 @@ class WorkloadTable:
     weight: int = 0  # pods observed over all groups (the groups' weights add up to it)
 
     @staticmethod
-    def from_counts(counts: dict[tuple[int, int, tuple[str, ...], int], float]) -> WorkloadTable:
+    def from_counts(counts: dict[ClassKey, float]) -> WorkloadTable:
         total = sum(counts.values())
         if total <= 0:
             return WorkloadTable((), 0)
@@ -77,9 +78,29 @@ class WorkloadTable:
 
 
 # Rebuild a learned table when the observed count has grown by this fraction (or a class is new; frag: a
-# class group): observe()
-# stays O(1), and a table a few percent stale prices the same placements.
+# class group): observe() stays O(1), and a table a few percent stale prices the same placements.
 TABLE_REFRESH = 0.02
+
+
+class ObservedClasses:
+    """The pods a learning policy (frag, fgd) has observed, per class, and whether the table it built from
+    them is stale. Not locked: the policy's lock covers it together with the table it rebuilds."""
+
+    __slots__ = ("at_rebuild", "counts", "observed")
+
+    def __init__(self) -> None:
+        self.counts: dict[ClassKey, float] = {}
+        self.observed = 0
+        self.at_rebuild = 0  # `observed` when the table was last rebuilt
+
+    def add(self, key: ClassKey) -> bool:
+        """Count one pod of class `key`; True when the count has grown enough to rebuild the table."""
+        self.counts[key] = self.counts.get(key, 0.0) + 1.0
+        self.observed += 1
+        return self.observed >= (1.0 + TABLE_REFRESH) * max(self.at_rebuild, 1)
+
+    def rebuilt(self) -> None:
+        self.at_rebuild = self.observed
 
 
 # Per class group: (GPUs with room for one share, their free capacity, shares of one GPU they hold).

@@ -22,36 +22,36 @@ import re
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Protocol
 
-from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished
-from share_core.contract import (
-    ANN_ASSIGNED,
-    DEFAULT_MPS_PIPE_DIR,
-    DEVICE_LIST_ENVVAR,
-    DEVICE_LIST_STRATEGIES,
-    EVENT_ALLOCATE_REFUSED,
-    EVENT_RUNS_WITHOUT_GPU,
-    RESOURCE_MEM,
-    MemoryUnit,
-)
-from share_core.kube import Conflict, KubeClient, KubeError, NotFound
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_is_finished
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import DEFAULT_MPS_PIPE_DIR
+from share_core.contract import DEVICE_LIST_ENVVAR
+from share_core.contract import DEVICE_LIST_STRATEGIES
+from share_core.contract import EVENT_ALLOCATE_REFUSED
+from share_core.contract import EVENT_RUNS_WITHOUT_GPU
+from share_core.contract import RESOURCE_MEM
+from share_core.kube import Conflict
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 from share_core.request import InvalidRequest
-from share_node.backend import GpuBackend
-from share_plugin.matcher import (
-    AllocationError,
-    BindMount,
-    Match,
-    Pod,
-    PodResourcesView,
-    container_cdi_devices,
-    container_env,
-    container_mounts,
-    match_allocation,
-    runs_without_gpu,
-)
+from share_plugin.matcher import AllocationError
+from share_plugin.matcher import BindMount
+from share_plugin.matcher import Match
+from share_plugin.matcher import Pod
+from share_plugin.matcher import PodResourcesView
+from share_plugin.matcher import container_cdi_devices
+from share_plugin.matcher import container_env
+from share_plugin.matcher import container_mounts
+from share_plugin.matcher import match_allocation
+from share_plugin.matcher import runs_without_gpu
 from share_plugin.mps import control_problem
+from share_plugin.node import PluginNode
 from share_plugin.podresources import PodResourcesUnavailable
 
 log = logging.getLogger(__name__)
@@ -70,36 +70,35 @@ class PodResourcesSource(Protocol):
     def list(self) -> PodResourcesView: ...
 
 
+@dataclass(frozen=True, slots=True)
+class AllocateOptions:
+    """How Allocate answers: share-plugin's flags of the same names."""
+
+    device_id_strategy: str = "uuid"
+    device_list_strategy: str = DEVICE_LIST_ENVVAR
+    mps: bool = False
+    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
+    mps_shm_dir: str = ""
+    conflict_retries: int = 5  # writes of the assigned annotation tried again on Conflict
+    settle: float = 3.0  # seconds an ambiguous match may wait for the API to show rejected pods Failed
+
+    def __post_init__(self) -> None:
+        if self.device_list_strategy not in DEVICE_LIST_STRATEGIES:
+            raise ValueError(
+                f"device list strategy {self.device_list_strategy!r}: expected one of {DEVICE_LIST_STRATEGIES}"
+            )
+
+
 class Allocator:
     def __init__(
         self,
-        node: str,
-        kube: KubeClient,
-        backend: GpuBackend,
-        unit: MemoryUnit,
+        node: PluginNode,
         pod_resources: PodResourcesSource | None,
-        device_id_strategy: str = "uuid",
-        mps: bool = False,
-        conflict_retries: int = 5,
-        device_list_strategy: str = DEVICE_LIST_ENVVAR,
-        mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
-        mps_shm_dir: str = "",
-        settle: float = 3.0,
+        options: AllocateOptions = AllocateOptions(),
     ) -> None:
-        self.node = node
-        self.kube = kube
-        self.backend = backend
-        self.unit = unit
+        self.node, self.kube, self.backend, self.unit = node.name, node.kube, node.backend, node.unit
         self.pod_resources = pod_resources
-        self.device_id_strategy = device_id_strategy
-        self.mps = mps
-        self.conflict_retries = conflict_retries
-        if device_list_strategy not in DEVICE_LIST_STRATEGIES:
-            raise ValueError(f"device list strategy {device_list_strategy!r}: expected one of {DEVICE_LIST_STRATEGIES}")
-        self.device_list_strategy = device_list_strategy
-        self.mps_pipe_dir = mps_pipe_dir
-        self.mps_shm_dir = mps_shm_dir
-        self.settle = settle  # seconds an ambiguous match may wait for the API to show rejected pods Failed
+        self.options = options
         self._lock = threading.Lock()  # kubelet calls one at a time; keep it so if another client does not
         # (pod uid, container) served since start: regular init containers are invisible in PodResources.
         self._served: set[tuple[str, str]] = set()
@@ -121,12 +120,12 @@ class Allocator:
 
     def mps_problem(self) -> str | None:
         """Why the MPS control daemon cannot be reached (share_plugin.mps), or None."""
-        return control_problem(self.mps_pipe_dir)
+        return control_problem(self.options.mps_pipe_dir)
 
     def allocate(self, device_ids: list[str]) -> ContainerAnswer:
         """What the container kubelet is starting with `device_ids` gets (env, mounts, CDI devices);
         AllocationError if none."""
-        if self.mps:
+        if self.options.mps:
             problem = self.mps_problem()
             if problem is not None:
                 # Without the daemon CUDA runs without MPS, i.e. without the hard limit this node promises.
@@ -140,22 +139,22 @@ class Allocator:
             env = container_env(
                 match,
                 self.unit,
-                device_id_strategy=self.device_id_strategy,
-                mps=self.mps,
-                device_list_strategy=self.device_list_strategy,
-                mps_pipe_dir=self.mps_pipe_dir,
+                device_id_strategy=self.options.device_id_strategy,
+                mps=self.options.mps,
+                device_list_strategy=self.options.device_list_strategy,
+                mps_pipe_dir=self.options.mps_pipe_dir,
             )
             answer = ContainerAnswer(
                 env,
                 container_mounts(
                     match,
-                    self.device_id_strategy,
-                    self.device_list_strategy,
-                    self.mps,
-                    self.mps_pipe_dir,
-                    self.mps_shm_dir,
+                    self.options.device_id_strategy,
+                    self.options.device_list_strategy,
+                    self.options.mps,
+                    self.options.mps_pipe_dir,
+                    self.options.mps_shm_dir,
                 ),
-                container_cdi_devices(match, self.device_id_strategy, self.device_list_strategy),
+                container_cdi_devices(match, self.options.device_id_strategy, self.options.device_list_strategy),
             )
             if match.last and not match.assignment.assigned:
                 self._mark_assigned(match)
@@ -205,7 +204,7 @@ class Allocator:
     def _match(self, device_ids: list[str]) -> Match:
         """Read pods and PodResources, match; on an ambiguous answer from a kubelet that lists inactive
         pods, read again until the API settles or `settle` runs out."""
-        deadline = time.monotonic() + self.settle
+        deadline = time.monotonic() + self.options.settle
         delay = 0.05
         while True:
             try:
@@ -310,7 +309,7 @@ class Allocator:
     def _mark_assigned(self, match: Match) -> None:
         """Patch `assigned: "true"` against the version we matched; on Conflict re-read and re-check."""
         rv = match.resource_version
-        for _ in range(self.conflict_retries):
+        for _ in range(self.options.conflict_retries):
             try:
                 self.kube.patch_pod_annotations(
                     match.namespace, match.name, {ANN_ASSIGNED: "true"}, resource_version=rv
@@ -346,7 +345,7 @@ class Allocator:
                 raise AllocationError(f"node {self.node}: pod {match.key} was deleted while being served") from exc
             except KubeError as exc:
                 raise self._patch_failed(match, exc) from exc
-        raise self._patch_failed(match, Exception(f"still conflicting after {self.conflict_retries} attempts"))
+        raise self._patch_failed(match, Exception(f"still conflicting after {self.options.conflict_retries} attempts"))
 
     def _patch_failed(self, match: Match, exc: Exception) -> AllocationError:
         return AllocationError(

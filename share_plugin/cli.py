@@ -6,20 +6,23 @@ import argparse
 import logging
 import threading
 
-from share_core.config import parse_args, start_logging
-from share_core.contract import (
-    ANN_NODE_GPUS,
-    DEFAULT_DEVICE_PLUGIN_DIR,
-    DEFAULT_MPS_PIPE_DIR,
-    DEFAULT_POD_RESOURCES_SOCKET,
-    DEVICE_LIST_ENVVAR,
-    DEVICE_LIST_STRATEGIES,
-    RESOURCE_COUNT,
-    RESOURCE_MEM,
-    MemoryUnit,
-)
-from share_node.agent import open_agent, stop_on_signals
-from share_node.backend.options import add_backend_args, agent_parser, env_arg, env_bool
+from share_core.config import parse_args
+from share_core.config import start_logging
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import DEFAULT_DEVICE_PLUGIN_DIR
+from share_core.contract import DEFAULT_MPS_PIPE_DIR
+from share_core.contract import DEFAULT_POD_RESOURCES_SOCKET
+from share_core.contract import DEVICE_LIST_ENVVAR
+from share_core.contract import DEVICE_LIST_STRATEGIES
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
+from share_node.agent import open_agent
+from share_node.agent import stop_on_signals
+from share_node.backend.options import add_backend_args
+from share_node.backend.options import agent_parser
+from share_node.backend.options import env_arg
+from share_node.backend.options import env_bool
 from share_plugin.monitor import DEFAULT_INTERVAL
 from share_plugin.usage import OverLimitMode
 
@@ -110,11 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--node-name (or env NODE_NAME) is required: the plugin serves the pods bound to its node")
         return 2
 
+    from share_plugin.allocator import AllocateOptions
     from share_plugin.allocator import Allocator
     from share_plugin.devices import DeviceListTooLarge
+    from share_plugin.node import PluginNode
     from share_plugin.podresources import PodResourcesClient
     from share_plugin.publisher import Publisher
-    from share_plugin.server import DevicePlugin, PluginConfig
+    from share_plugin.server import DevicePlugin
+    from share_plugin.server import PluginConfig
 
     unit = MemoryUnit.parse(args.memory_unit)
     if (opened := open_agent(args, "gpushare-device-plugin", log, args.sim_processes_file)) is None:
@@ -127,19 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         health_check=args.health_check,
         inventory_interval=args.inventory_interval,
     )
+    node = PluginNode(args.node_name, kube, backend, unit)
     pod_resources = PodResourcesClient(args.pod_resources_socket, config.resource)
-    allocator = Allocator(
-        args.node_name,
-        kube,
-        backend,
-        unit,
-        pod_resources,
-        args.device_id_strategy,
-        args.mps,
+    options = AllocateOptions(
+        device_id_strategy=args.device_id_strategy,
         device_list_strategy=args.device_list_strategy,
+        mps=args.mps,
         mps_pipe_dir=args.mps_pipe_dir,
         mps_shm_dir=args.mps_shm_dir,
     )
+    allocator = Allocator(node, pod_resources, options)
     if args.mps and (problem := allocator.mps_problem()) is not None:
         log.warning(
             "node %s: MPS mode, but the MPS control daemon is not reachable (%s): Allocate is refused until it is",
@@ -150,9 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     from share_plugin import hardlimit
 
     try:
-        hard_limit = hardlimit.setup(
-            args.hard_limit, args, args.node_name, kube, backend, unit, allocator.pod_of_devices
-        )
+        hard_limit = hardlimit.setup(args.hard_limit, args, node, allocator.pod_of_devices)
     except HardLimitError as exc:
         log.error("node %s: %s", args.node_name, exc)
         return 1
@@ -177,13 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     metrics_server = None
     if args.monitor_interval > 0:
         from share_plugin import metrics
-        from share_plugin.monitor import Monitor, ProcFs
+        from share_plugin.monitor import Monitor
+        from share_plugin.monitor import ProcFs
 
         monitor = Monitor(
-            args.node_name,
-            backend,
-            kube,
-            unit,
+            node,
             mode=OverLimitMode(args.over_limit),
             grace=args.over_limit_grace,
             interval=args.monitor_interval,
@@ -215,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unpublish(kubeconfig: str | None, node: str | None) -> int:
-    from share_core.kube import ApiServerClient, KubeError
+    from share_core.kube import ApiServerClient
+    from share_core.kube import KubeError
     from share_plugin.publisher import unpublish
 
     try:

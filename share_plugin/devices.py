@@ -15,7 +15,9 @@ status, and chooses GiB for large GPUs.
 
 from __future__ import annotations
 
-from share_core.contract import DEVICE_ID_MAX_LEN, MemoryUnit, device_id
+from share_core.contract import DEVICE_ID_MAX_LEN
+from share_core.contract import MemoryUnit
+from share_core.contract import device_id
 from share_core.gpus import GpuInfo
 from share_node.backend import Gpu
 from share_node.env import gpu_units

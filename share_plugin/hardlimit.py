@@ -23,21 +23,22 @@ from __future__ import annotations
 import argparse
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
-from share_core.contract import ANN_NODE_HARD_LIMIT, HARD_LIMIT_OFF, MemoryUnit
-from share_core.kube import KubeClient, KubeError, now_rfc3339
-from share_node.backend import GpuBackend
-from share_node.hardlimit import (
-    HardLimiter,
-    HardLimitError,
-    Limits,
-    Support,
-    check_required,
-    gpu_facts,
-    pod_gpu_limits,
-    probe,
-)
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import HARD_LIMIT_OFF
+from share_core.kube import KubeError
+from share_core.kube import now_rfc3339
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import HardLimitError
+from share_node.hardlimit import Limits
+from share_node.hardlimit import Support
+from share_node.hardlimit import check_required
+from share_node.hardlimit import gpu_facts
+from share_node.hardlimit import pod_gpu_limits
+from share_node.hardlimit import probe
+from share_plugin.node import PluginNode
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,13 @@ class PluginHardLimit:
 
     def __init__(
         self,
-        node: str,
-        kube: KubeClient,
-        backend: GpuBackend,
-        unit: MemoryUnit,
+        node: PluginNode,
         support: Support,
         limiter: HardLimiter | None,
         pod_of_devices: PodOfDevices | None = None,
         sweep_interval: float = 1.0,
     ) -> None:
-        self.node, self.kube, self.backend, self.unit = node, kube, backend, unit
+        self.node, self.kube, self.backend, self.unit = node.name, node.kube, node.backend, node.unit
         self.support = support
         self.limiter = limiter if support.enforced else None
         self._pod_of_devices = pod_of_devices
@@ -161,17 +159,14 @@ class PluginHardLimit:
 def setup(
     mode: str,
     args: argparse.Namespace,
-    node: str,
-    kube: KubeClient,
-    backend: GpuBackend,
-    unit: MemoryUnit,
+    node: PluginNode,
     pod_of_devices: PodOfDevices | None,
 ) -> PluginHardLimit:
     """Probe the node for `--hard-limit <mode>`; raises HardLimitError when `cgroup` mode cannot be kept."""
     from share_node.backend.options import open_memory_limits
 
-    limits = open_memory_limits(args, backend, node)
-    support = probe(limits, mode, args.cgroup_root, gpu_facts(backend.gpus()), agent="plugin")
+    limits = open_memory_limits(args, node.backend, node.name)
+    support = probe(limits, mode, args.cgroup_root, gpu_facts(node.backend.gpus()), agent="plugin")
     check_required(support)
-    limiter = HardLimiter(limits, support, args.cgroup_root, node) if support.enforced else None
-    return PluginHardLimit(node, kube, backend, unit, support, limiter, pod_of_devices)
+    limiter = HardLimiter(limits, support, args.cgroup_root, node.name) if support.enforced else None
+    return PluginHardLimit(node, support, limiter, pod_of_devices)

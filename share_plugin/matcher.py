@@ -40,23 +40,32 @@ candidates seen: a GPU is never handed out blindly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Unpack
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+from typing import Unpack
 
 from share_core.accounting import node_usage
-from share_core.assignment import Assignment, parse_assignment, pod_annotations, pod_is_finished, pod_key
-from share_core.contract import (
-    CDI_NVIDIA_GPU_KIND,
-    DEVICE_LIST_CDI_CRI,
-    DEVICE_LIST_VOLUME_MOUNTS,
-    RESOURCE_MEM,
-    VISIBLE_DEVICES_MOUNT_ROOT,
-    MemoryUnit,
-)
-from share_core.request import ContainerRequest, InvalidRequest, pod_request
+from share_core.assignment import Assignment
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
+from share_core.contract import CDI_NVIDIA_GPU_KIND
+from share_core.contract import DEVICE_LIST_CDI_CRI
+from share_core.contract import DEVICE_LIST_VOLUME_MOUNTS
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import VISIBLE_DEVICES_MOUNT_ROOT
+from share_core.contract import MemoryUnit
+from share_core.request import ContainerRequest
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
 from share_node.backend import Gpu
-from share_node.env import EnvOptions, gpu_env, visible_ids
+from share_node.env import EnvOptions
+from share_node.env import gpu_env
+from share_node.env import visible_ids
 from share_plugin.devices import gpu_infos
 
 Pod = Mapping[str, Any]

@@ -26,10 +26,14 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client import start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import Metric
 
-from share_plugin.monitor import Monitor, Snapshot
+from share_plugin.monitor import Monitor
+from share_plugin.monitor import Snapshot
 
 log = logging.getLogger(__name__)
 

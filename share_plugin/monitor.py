@@ -23,32 +23,36 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol
 
-from share_core.contract import ANN_NODE_GPU_USAGE, EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED, MemoryUnit
-from share_core.gpuusage import UsageSummary, changed_enough
-from share_core.kube import KubeClient, KubeError, now_rfc3339
-from share_node.backend import GpuBackend
+from share_core.contract import ANN_NODE_GPU_USAGE
+from share_core.contract import EVENT_OVER_LIMIT
+from share_core.contract import EVENT_OVER_LIMIT_KILLED
+from share_core.gpuusage import UsageSummary
+from share_core.gpuusage import changed_enough
+from share_core.kube import KubeError
+from share_core.kube import now_rfc3339
 from share_node.hardlimit import Limits
-from share_plugin.cgroups import CgroupRef, parse_cgroup
-from share_plugin.usage import (
-    Cleared,
-    ContainerUsage,
-    Crossed,
-    Kill,
-    OverLimitMode,
-    OverState,
-    PodEntry,
-    StateKey,
-    Usage,
-    attribute,
-    decide,
-    driver_usage,
-    index_pods,
-    summarize,
-)
+from share_plugin.cgroups import CgroupRef
+from share_plugin.cgroups import parse_cgroup
+from share_plugin.node import PluginNode
+from share_plugin.usage import Cleared
+from share_plugin.usage import ContainerUsage
+from share_plugin.usage import Crossed
+from share_plugin.usage import Kill
+from share_plugin.usage import OverLimitMode
+from share_plugin.usage import OverState
+from share_plugin.usage import PodEntry
+from share_plugin.usage import StateKey
+from share_plugin.usage import Usage
+from share_plugin.usage import attribute
+from share_plugin.usage import decide
+from share_plugin.usage import driver_usage
+from share_plugin.usage import index_pods
+from share_plugin.usage import summarize
 
 log = logging.getLogger(__name__)
 
@@ -158,10 +162,7 @@ def _gib(n_bytes: int) -> str:
 class Monitor:
     def __init__(
         self,
-        node: str,
-        backend: GpuBackend,
-        kube: KubeClient,
-        unit: MemoryUnit,
+        node: PluginNode,
         mode: OverLimitMode = OverLimitMode.WARN,
         grace: float = 30.0,
         interval: float = DEFAULT_INTERVAL,
@@ -174,7 +175,7 @@ class Monitor:
         clock: Callable[[], float] = time.monotonic,
         hard_limit: HardLimitReadings | None = None,
     ) -> None:
-        self.node, self.backend, self.kube, self.unit = node, backend, kube, unit
+        self.node, self.kube, self.backend, self.unit = node.name, node.kube, node.backend, node.unit
         self.hard_limit = hard_limit
         self.mode, self.grace, self.interval = mode, grace, interval
         self.proc = proc or ProcFs()

@@ -9,16 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 
-from share_core.contract import (
-    ANN_NODE_GPU_USAGE,
-    ANN_NODE_GPUS,
-    ANN_NODE_HARD_LIMIT,
-    NODE_LABEL,
-    NODE_LABEL_VALUE,
-    RESOURCE_COUNT,
-)
-from share_core.gpus import GpuInfo, format_node_gpus
-from share_core.kube import KubeClient, KubeError
+from share_core.contract import ANN_NODE_GPU_USAGE
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import NODE_LABEL
+from share_core.contract import NODE_LABEL_VALUE
+from share_core.contract import RESOURCE_COUNT
+from share_core.gpus import GpuInfo
+from share_core.gpus import format_node_gpus
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
 from share_core.retry import Backoff
 
 log = logging.getLogger(__name__)

@@ -16,20 +16,22 @@ from pathlib import Path
 
 import grpc
 
-from share_core.contract import (
-    DEVICE_PLUGIN_API_VERSION,
-    KUBELET_SOCKET_NAME,
-    PLUGIN_SOCKET_NAME,
-    RESOURCE_MEM,
-    MemoryUnit,
-)
+from share_core.contract import DEVICE_PLUGIN_API_VERSION
+from share_core.contract import KUBELET_SOCKET_NAME
+from share_core.contract import PLUGIN_SOCKET_NAME
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
 from share_core.retry import Backoff
 from share_node.backend import GpuBackend
 from share_node.hardlimit import HardLimitError
 from share_plugin.allocator import Allocator
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import deviceplugin_v1beta1_pb2_grpc as pbgrpc
-from share_plugin.devices import DeviceListTooLarge, check_device_ids, check_message_size, device_list, gpu_infos
+from share_plugin.devices import DeviceListTooLarge
+from share_plugin.devices import check_device_ids
+from share_plugin.devices import check_message_size
+from share_plugin.devices import device_list
+from share_plugin.devices import gpu_infos
 from share_plugin.hardlimit import PluginHardLimit
 from share_plugin.matcher import AllocationError
 from share_plugin.publisher import Publisher

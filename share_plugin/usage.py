@@ -14,16 +14,22 @@ hold whole GPUs from another device plugin.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
 from typing import Any
 
-from share_core.assignment import placed_request, pod_is_finished
+from share_core.assignment import placed_request
+from share_core.assignment import pod_is_finished
 from share_core.contract import MemoryUnit
 from share_core.gpuusage import UsageSummary
 from share_node.backend import GpuReading
 from share_node.hardlimit import Limits
-from share_plugin.cgroups import CgroupRef, status_container_id
+from share_plugin.cgroups import CgroupRef
+from share_plugin.cgroups import status_container_id
 
 MIB = 1024 * 1024
 

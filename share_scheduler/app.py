@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from flask import Flask, Response, request
+from flask import Flask
+from flask import Response
+from flask import request
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException
@@ -20,7 +22,8 @@ from werkzeug.exceptions import HTTPException
 import share_core
 from share_core.contract import EXTENDER_PREFIX
 from share_core.kube import KubeClient
-from share_scheduler.service import Extender, TimedVerb
+from share_scheduler.service import Extender
+from share_scheduler.service import TimedVerb
 
 log = logging.getLogger(__name__)
 

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import heapq
 import threading
-from bisect import bisect_left, insort
+from bisect import bisect_left
+from bisect import insort
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from collections.abc import Sequence
 
-from share_placement import Demand, Policy
+from share_placement import Demand
+from share_placement import Policy
 from share_scheduler.cache import ClusterCache
-from share_scheduler.extender import NEG_INF, ScoreMemo, best_nodes, policy_scores, score_states
+from share_scheduler.extender import NEG_INF
+from share_scheduler.extender import ScoreMemo
+from share_scheduler.extender import best_nodes
+from share_scheduler.extender import policy_scores
+from share_scheduler.extender import score_states
 from share_scheduler.nodes import NodeSnapshot
 
 

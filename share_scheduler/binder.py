@@ -19,20 +19,36 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 from cachetools import TTLCache
 
-from share_core.assignment import Assignment, parse_assignment, pod_annotations, pod_node
-from share_core.contract import EVENT_BIND_FAILED, EVENT_GPU_ASSIGNED, MemoryUnit
+from share_core.assignment import Assignment
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_node
+from share_core.contract import EVENT_BIND_FAILED
+from share_core.contract import EVENT_GPU_ASSIGNED
+from share_core.contract import MemoryUnit
 from share_core.events import EventQueue
-from share_core.kube import Conflict, KubeClient, KubeError, NotFound, Unavailable
-from share_core.request import InvalidRequest, PodRequest, pod_request
-from share_placement import Demand, Policy
+from share_core.kube import Conflict
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
+from share_core.kube import NotFound
+from share_core.kube import Unavailable
+from share_core.request import InvalidRequest
+from share_core.request import PodRequest
+from share_core.request import pod_request
+from share_placement import Demand
+from share_placement import Policy
 from share_scheduler.cache import ClusterCache
-from share_scheduler.extender import BadRequest, pod_demand, unfit_reason
+from share_scheduler.extender import BadRequest
+from share_scheduler.extender import pod_demand
+from share_scheduler.extender import unfit_reason
 from share_scheduler.nodes import Contribution
 
 log = logging.getLogger(__name__)

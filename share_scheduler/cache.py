@@ -27,30 +27,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections import OrderedDict
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import Any
 
 from cachetools import TTLCache
 
-from share_core.assignment import pod_is_finished, pod_key
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimAsk, claim_name
-from share_core.gpus import GpuInfo, node_gpus
-from share_core.podresources import node_allocatable, pod_host_request
-from share_core.request import InvalidRequest, pod_request
-from share_placement import Demand, NodeState, NodeView
-from share_scheduler.drastate import CLAIM_PART, DraIndex
-from share_scheduler.nodes import (
-    Assumed,
-    Contribution,
-    NodeEntry,
-    NodeSnapshot,
-    PodFacts,
-    PodRecord,
-    demand_of,
-    pod_record,
-)
+from share_core.dra import ClaimAsk
+from share_core.dra import claim_name
+from share_core.gpus import GpuInfo
+from share_core.gpus import node_gpus
+from share_core.podresources import node_allocatable
+from share_core.podresources import pod_host_request
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
+from share_placement import Demand
+from share_placement import NodeState
+from share_placement import NodeView
+from share_scheduler.drastate import CLAIM_PART
+from share_scheduler.drastate import DraIndex
+from share_scheduler.nodes import Assumed
+from share_scheduler.nodes import Contribution
+from share_scheduler.nodes import NodeEntry
+from share_scheduler.nodes import NodeSnapshot
+from share_scheduler.nodes import PodFacts
+from share_scheduler.nodes import PodRecord
+from share_scheduler.nodes import demand_of
+from share_scheduler.nodes import pod_record
 
 log = logging.getLogger(__name__)
 

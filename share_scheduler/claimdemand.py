@@ -20,8 +20,13 @@ from cachetools import TTLCache
 
 from share_core.assignment import pod_key
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimAsk, ask_units, merge_asks, pod_claim_names
-from share_core.kube import KubeClient, KubeError, NotFound
+from share_core.dra import ClaimAsk
+from share_core.dra import ask_units
+from share_core.dra import merge_asks
+from share_core.dra import pod_claim_names
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 from share_placement import Demand
 from share_placement.draorder import first_fit
 from share_scheduler.cache import ClusterCache

@@ -7,11 +7,15 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from share_core.config import add_config_arg, parse_args, start_logging
-from share_core.contract import EXTENDER_DEFAULT_PORT, MemoryUnit
+from share_core.config import add_config_arg
+from share_core.config import parse_args
+from share_core.config import start_logging
+from share_core.contract import EXTENDER_DEFAULT_PORT
+from share_core.contract import MemoryUnit
 from share_placement import POLICIES
 from share_scheduler.binder import BIND_EVENTS
-from share_scheduler.config import DEFAULT_EXTENDER_URL, print_config
+from share_scheduler.config import DEFAULT_EXTENDER_URL
+from share_scheduler.config import print_config
 from share_scheduler.extender import FILTER_KEEPS
 
 log = logging.getLogger("share_scheduler")
@@ -24,7 +28,8 @@ def serve(a: argparse.Namespace) -> None:
     single scheduler, hence a single extender, is called at a time; threads let filter run while
     binds wait on the API server."""
     from share_core.kube import ApiServerClient
-    from share_scheduler.app import MAX_BODY, create_app
+    from share_scheduler.app import MAX_BODY
+    from share_scheduler.app import create_app
     from share_scheduler.server import ExtenderServer
     from share_scheduler.service import Extender
 

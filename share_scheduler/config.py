@@ -8,7 +8,9 @@ from typing import Any
 
 import yaml
 
-from share_core.contract import EXTENDER_DEFAULT_PORT, EXTENDER_PREFIX, SCHEDULER_NAME
+from share_core.contract import EXTENDER_DEFAULT_PORT
+from share_core.contract import EXTENDER_PREFIX
+from share_core.contract import SCHEDULER_NAME
 
 DEFAULT_EXTENDER_URL = f"http://127.0.0.1:{EXTENDER_DEFAULT_PORT}{EXTENDER_PREFIX}"
 

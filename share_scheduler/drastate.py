@@ -12,12 +12,20 @@ not ours: left out (share_core.dra).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from share_core.contract import MemoryUnit
-from share_core.dra import ClaimAsk, ClaimResult, DraGpu, claim_ask, claim_name, claim_results, slice_devices
+from share_core.dra import ClaimAsk
+from share_core.dra import ClaimResult
+from share_core.dra import DraGpu
+from share_core.dra import claim_ask
+from share_core.dra import claim_name
+from share_core.dra import claim_results
+from share_core.dra import slice_devices
 from share_core.gpus import GpuInfo
 from share_scheduler.nodes import Contribution
 

@@ -15,19 +15,28 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from share_core.contract import RESOURCE_MEM, MemoryUnit
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
 from share_core.podresources import pod_host_request
-from share_core.request import PodRequest, pod_request
-from share_placement import Demand, Policy, WorkloadTable, fits
+from share_core.request import PodRequest
+from share_core.request import pod_request
+from share_placement import Demand
+from share_placement import Policy
+from share_placement import WorkloadTable
+from share_placement import fits
 from share_placement import learns as policy_learns
-from share_scheduler.nodes import NodeSnapshot, demand_of
+from share_scheduler.nodes import NodeSnapshot
+from share_scheduler.nodes import demand_of
 
 MAX_EXTENDER_PRIORITY = 10
 NEG_INF = float("-inf")

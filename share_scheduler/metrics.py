@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter
+from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 

@@ -9,15 +9,27 @@ server and from our own binds.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
-from share_core.assignment import parse_assignment, pod_annotations, pod_is_finished, pod_key, pod_node
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
+from share_core.assignment import pod_node
 from share_core.gpus import GpuInfo
-from share_core.podresources import Allocatable, pod_host_request
-from share_core.request import InvalidRequest, PodRequest
-from share_placement import Demand, GpuSlot, NodeState, NodeView, node_view
+from share_core.podresources import Allocatable
+from share_core.podresources import pod_host_request
+from share_core.request import InvalidRequest
+from share_core.request import PodRequest
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import NodeView
+from share_placement import node_view
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
-from share_core.httpserver import Answer, HttpServer, Request, Route
+from share_core.httpserver import Answer
+from share_core.httpserver import HttpServer
+from share_core.httpserver import Request
+from share_core.httpserver import Route
 
 
 class ExtenderServer(HttpServer):

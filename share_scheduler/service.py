@@ -11,34 +11,40 @@ never send (not JSON, missing or mistyped fields) is answered 400, still with a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
 from share_core.admission import invalid_request_message
-from share_core.contract import EXTENDER_PREFIX, MemoryUnit
+from share_core.contract import EXTENDER_PREFIX
+from share_core.contract import MemoryUnit
 from share_core.events import EventQueue
 from share_core.kube import KubeClient
 from share_core.request import InvalidRequest
 from share_core.retry import Backoff
-from share_placement import Demand, Policy, learns, make_policy
+from share_placement import Demand
+from share_placement import Policy
+from share_placement import learns
+from share_placement import make_policy
 from share_scheduler.bestnodes import BestNodeIndex
-from share_scheduler.binder import BIND_EVENTS, Binder, BindError, parse_bind_args
+from share_scheduler.binder import BIND_EVENTS
+from share_scheduler.binder import Binder
+from share_scheduler.binder import BindError
+from share_scheduler.binder import parse_bind_args
 from share_scheduler.cache import ClusterCache
 from share_scheduler.claimdemand import ClaimDemands
-from share_scheduler.extender import (
-    FILTER_KEEPS,
-    BadRequest,
-    ScoreMemo,
-    best_nodes,
-    filter_nodes,
-    filter_result,
-    parse_extender_request,
-    pod_demand,
-    policy_scores,
-    prioritize,
-)
+from share_scheduler.extender import FILTER_KEEPS
+from share_scheduler.extender import BadRequest
+from share_scheduler.extender import ScoreMemo
+from share_scheduler.extender import best_nodes
+from share_scheduler.extender import filter_nodes
+from share_scheduler.extender import filter_result
+from share_scheduler.extender import parse_extender_request
+from share_scheduler.extender import pod_demand
+from share_scheduler.extender import policy_scores
+from share_scheduler.extender import prioritize
 from share_scheduler.metrics import Metrics
 from share_scheduler.syncer import Syncer
 

@@ -15,9 +15,13 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 
-from share_core.kube import Gone, KubeClient, KubeError, WatchEvent
+from share_core.kube import Gone
+from share_core.kube import KubeClient
+from share_core.kube import KubeError
+from share_core.kube import WatchEvent
 from share_core.retry import Backoff
 from share_scheduler.cache import ClusterCache
 

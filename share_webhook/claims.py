@@ -8,13 +8,15 @@ kube-scheduler's own DRA placement still serves it, only not by the policy; admi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 from cachetools import TTLCache
 
 from share_core.dra import uses_device_class
-from share_core.kube import KubeError, NotFound
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,11 @@ import tempfile
 import threading
 from pathlib import Path
 
-from share_core.config import add_config_arg, parse_args, start_logging
-from share_core.contract import SCHEDULER_NAME, MemoryUnit
+from share_core.config import add_config_arg
+from share_core.config import parse_args
+from share_core.config import start_logging
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
 
 log = logging.getLogger("share_webhook")
 
@@ -61,11 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from share_core.kube import ApiServerClient
-    from share_webhook import certs, review
+    from share_webhook import certs
+    from share_webhook import review
     from share_webhook.claims import ClaimClasses
-    from share_webhook.keeper import CertKeeper, ClusterView, run_every
+    from share_webhook.keeper import CertKeeper
+    from share_webhook.keeper import ClusterView
+    from share_webhook.keeper import run_every
     from share_webhook.kubeapi import ApiServerWebhookApi
-    from share_webhook.server import WebhookMetrics, WebhookServer
+    from share_webhook.server import WebhookMetrics
+    from share_webhook.server import WebhookServer
 
     client = ApiServerClient.from_kubeconfig(a.kubeconfig, None, component="gpushare-webhook")
     api = ApiServerWebhookApi(client)

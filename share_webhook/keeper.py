@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any
 
 from share_core.admission import ClusterGpus
 from share_core.gpus import node_gpus
-from share_core.kube import Conflict, KubeError
+from share_core.kube import Conflict
+from share_core.kube import KubeError
 from share_core.request import InvalidRequest
 from share_webhook import certs
 from share_webhook.kubeapi import WebhookApi

@@ -4,10 +4,14 @@ small adapter, so the certificate keeper and the cluster view are tested against
 from __future__ import annotations
 
 import base64
-from typing import Any, Protocol
+from typing import Any
+from typing import Protocol
 
 from share_core.contract import NODE_LABEL_SELECTOR
-from share_core.kube import ApiServerClient, Conflict, KubeError, NotFound
+from share_core.kube import ApiServerClient
+from share_core.kube import Conflict
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 
 MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 VALIDATING = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"

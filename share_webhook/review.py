@@ -15,7 +15,9 @@ from typing import Any
 
 import orjson
 
-from share_core.admission import ClusterGpus, choose_scheduler, review
+from share_core.admission import ClusterGpus
+from share_core.admission import choose_scheduler
+from share_core.admission import review
 from share_core.contract import SCHEDULER_NAME
 
 API_VERSION = "admission.k8s.io/v1"

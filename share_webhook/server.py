@@ -20,10 +20,16 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client import Counter
+from prometheus_client import Histogram
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from share_core.httpserver import Answer, HttpServer, Request, Route
+from share_core.httpserver import Answer
+from share_core.httpserver import HttpServer
+from share_core.httpserver import Request
+from share_core.httpserver import Route
 from share_webhook.review import BadReview
 
 log = logging.getLogger(__name__)

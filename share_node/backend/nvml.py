@@ -22,8 +22,14 @@ import logging
 import threading
 from typing import Any
 
-from share_node.backend import BackendError, Gpu, GpuProcess, GpuReading, HealthCallback
-from share_node.hardlimit import LimitError, LimitErrorCode, Limits
+from share_node.backend import BackendError
+from share_node.backend import Gpu
+from share_node.backend import GpuProcess
+from share_node.backend import GpuReading
+from share_node.backend import HealthCallback
+from share_node.hardlimit import LimitError
+from share_node.hardlimit import LimitErrorCode
+from share_node.hardlimit import Limits
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,9 @@ import os
 from typing import Any
 
 from share_core.config import add_config_arg
-from share_core.contract import DEFAULT_CGROUP_ROOT, HARD_LIMIT_AUTO, HARD_LIMIT_MODES
+from share_core.contract import DEFAULT_CGROUP_ROOT
+from share_core.contract import HARD_LIMIT_AUTO
+from share_core.contract import HARD_LIMIT_MODES
 from share_node.backend import GpuBackend
 from share_node.hardlimit import MemoryLimits
 
@@ -105,7 +107,9 @@ def open_backend(args: argparse.Namespace, node: str, processes_file: str | None
         from share_node.backend.sim import SimBackend
 
         return SimBackend(args.sim_gpus, node, health_file=args.sim_health_file, processes_file=processes_file)
-    from share_node.backend.nvml import DEFAULT_IGNORED_XIDS, NvmlBackend, parse_xids
+    from share_node.backend.nvml import DEFAULT_IGNORED_XIDS
+    from share_node.backend.nvml import NvmlBackend
+    from share_node.backend.nvml import parse_xids
 
     xids = parse_xids(args.ignored_xids) if args.ignored_xids is not None else DEFAULT_IGNORED_XIDS
     return NvmlBackend(xids)
@@ -128,7 +132,8 @@ def open_memory_limits(args: argparse.Namespace, backend: GpuBackend, node: str)
             readings=backend.readings,
             accept_cgroup_v1=args.sim_accept_cgroup_v1,
         )
-    from share_node.backend.nvml import NvmlBackend, NvmlMemoryLimits
+    from share_node.backend.nvml import NvmlBackend
+    from share_node.backend.nvml import NvmlMemoryLimits
 
     assert isinstance(backend, NvmlBackend)
     return NvmlMemoryLimits(backend)

@@ -21,7 +21,11 @@ import threading
 import uuid as uuidlib
 from pathlib import Path
 
-from share_node.backend import BackendError, Gpu, GpuProcess, GpuReading, HealthCallback
+from share_node.backend import BackendError
+from share_node.backend import Gpu
+from share_node.backend import GpuProcess
+from share_node.backend import GpuReading
+from share_node.backend import HealthCallback
 
 log = logging.getLogger(__name__)
 

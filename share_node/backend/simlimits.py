@@ -23,20 +23,20 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from share_core.contract import HARD_LIMIT_MIN_DRIVER
 from share_node.backend import GpuReading
-from share_node.hardlimit import (
-    LIMIT_MAX,
-    LimitError,
-    LimitErrorCode,
-    Limits,
-    cgroup_fstype,
-    parse_driver_version,
-)
+from share_node.hardlimit import LIMIT_MAX
+from share_node.hardlimit import LimitError
+from share_node.hardlimit import LimitErrorCode
+from share_node.hardlimit import Limits
+from share_node.hardlimit import cgroup_fstype
+from share_node.hardlimit import parse_driver_version
 
 DEFAULT_SIM_DRIVER_VERSION = "615.0"
 

@@ -14,8 +14,14 @@ from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
 from share_scheduler.sim import variants
-from share_scheduler.sim.engine import CURVE_STEP, THRESHOLDS, SeedResult, run_policy
-from share_scheduler.sim.workload import Workload, WorkloadError, load_openb, load_yaml
+from share_scheduler.sim.engine import CURVE_STEP
+from share_scheduler.sim.engine import THRESHOLDS
+from share_scheduler.sim.engine import SeedResult
+from share_scheduler.sim.engine import run_policy
+from share_scheduler.sim.workload import Workload
+from share_scheduler.sim.workload import WorkloadError
+from share_scheduler.sim.workload import load_openb
+from share_scheduler.sim.workload import load_yaml
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

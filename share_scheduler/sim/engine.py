@@ -18,11 +18,15 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 
 import share_placement as placement
-from share_placement import Demand, NodeView, Policy
+from share_placement import Demand
+from share_placement import NodeView
+from share_placement import Policy
 from share_scheduler.sim.workload import Workload
 
 THRESHOLDS = (90, 95, 100, 130)

@@ -24,9 +24,11 @@ reaches `--tune` x capacity), so "total arrivals" follow the protocol, not the v
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 
-from share_scheduler.sim.workload import SimPod, Workload
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
 
 FAMILIES: dict[str, tuple[float, float]] = {
     "gpushare": (0.0, 100.0),

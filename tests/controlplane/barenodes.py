@@ -12,7 +12,8 @@ from typing import Any
 
 import orjson
 
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_MEM
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient
 
 MODEL = "NVIDIA A100-SXM4-80GB"

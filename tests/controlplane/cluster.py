@@ -27,15 +27,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
+from typing import Self
 
 import yaml
 
-from .certs import CertAuthority, CertPair, apiserver_sans, write_service_account_keys
+from .certs import CertAuthority
+from .certs import CertPair
+from .certs import apiserver_sans
+from .certs import write_service_account_keys
 
 LOOPBACK = "127.0.0.1"
 SCHEDULER_USER = "system:kube-scheduler"

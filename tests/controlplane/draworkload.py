@@ -11,8 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from share_core.contract import DRA_ATTR_MODEL, DRA_CAPACITY_MEMORY, DRA_DEVICE_CLASS, DRA_DRIVER_NAME, MemoryUnit
-from share_dra.slices import resource_slice, slice_spec
+from share_core.contract import DRA_ATTR_MODEL
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import MemoryUnit
+from share_dra.slices import resource_slice
+from share_dra.slices import slice_spec
 from share_node.backend import Gpu
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"

@@ -20,30 +20,41 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from share_core.accounting import node_usage
-from share_core.assignment import parse_assignment, pod_annotations, pod_key
-from share_core.contract import (
-    ANN_NODE_GPUS,
-    ENV_MEM_LIMIT_MIB,
-    ENV_VISIBLE_DEVICES,
-    NODE_LABEL,
-    NODE_LABEL_VALUE,
-    RESOURCE_MEM,
-    SCHEDULER_NAME,
-    MemoryUnit,
-)
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_key
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import NODE_LABEL
+from share_core.contract import NODE_LABEL_VALUE
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
 from share_core.gpus import node_gpus
-from share_core.kube import ApiServerClient, KubeError, NotFound
+from share_core.kube import ApiServerClient
+from share_core.kube import KubeError
+from share_core.kube import NotFound
 from share_core.request import pod_request
-from tests.controlplane.cluster import ControlPlane, ControlPlaneError, ManagedProcess, free_port, http_status
-from tests.kubelet import KubeletStandIn, set_pod_phase
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.cluster import free_port
+from tests.controlplane.cluster import http_status
+from tests.kubelet import KubeletStandIn
+from tests.kubelet import set_pod_phase
 from tests.unit.chart.helm import render_chart
 
 Pod = dict[str, Any]

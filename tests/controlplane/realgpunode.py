@@ -12,15 +12,23 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 from io import StringIO
-from typing import Any, Self
+from typing import Any
+from typing import Self
 
 import grpc
 
 from share_core.accounting import node_usage
-from share_core.assignment import parse_assignment, pod_annotations, pod_key
-from share_core.contract import ANN_NODE_GPUS, ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES, RESOURCE_MEM, MemoryUnit
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_key
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
 from share_core.gpus import node_gpus
 from share_core.kube import KubeError
 from share_core.request import pod_request
@@ -28,7 +36,10 @@ from share_node.backend.sim import parse_sim_gpus
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.gpucluster import GpuCluster, Pod, plugin_argv, wait_for
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import Pod
+from tests.controlplane.gpucluster import plugin_argv
+from tests.controlplane.gpucluster import wait_for
 from tests.node import RealNode
 
 ENV_END = "GPUSHARE-ENV-END"

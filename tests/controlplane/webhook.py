@@ -18,8 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from share_core.contract import RESOURCE_MEM, SCHEDULER_NAME
-from tests.controlplane.cluster import ControlPlane, free_port
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.cluster import free_port
 from tests.controlplane.gpucluster import wait_for
 from tests.unit.chart import helm as h
 

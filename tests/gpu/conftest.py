@@ -17,17 +17,23 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from share_core.assignment import Assignment
-from share_core.contract import RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
-from share_node.backend import BackendError, Gpu
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
+from share_node.backend import BackendError
+from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
 from share_node.env import gpu_env
 from share_plugin.mps import control_problem

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import subprocess
 
-from share_core.contract import (
-    DRA_ATTR_DRIVER_VERSION,
-    DRA_ATTR_MODEL,
-    DRA_ATTR_UUID,
-    DRA_CAPACITY_MEMORY,
-    DRA_DRIVER_NAME,
-    MemoryUnit,
-    dra_device_name,
-)
-from share_dra.claims import AllocatedDevice, prepare
+from share_core.contract import DRA_ATTR_DRIVER_VERSION
+from share_core.contract import DRA_ATTR_MODEL
+from share_core.contract import DRA_ATTR_UUID
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import MemoryUnit
+from share_core.contract import dra_device_name
+from share_dra.claims import AllocatedDevice
+from share_dra.claims import prepare
 from share_dra.slices import slice_spec
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
-from tests.gpu.conftest import NODE, SAMPLES, run_python
+from tests.gpu.conftest import NODE
+from tests.gpu.conftest import SAMPLES
+from tests.gpu.conftest import run_python
 
 
 def test_slice_lists_the_gpu_as_nvml_reports_it(nvml: NvmlBackend, gpu: Gpu) -> None:

@@ -19,15 +19,21 @@ import pytest
 
 from share_core.contract import HARD_LIMIT_AUTO
 from share_node.backend import Gpu
-from share_node.backend.nvml import NvmlBackend, NvmlMemoryLimits
-from share_node.hardlimit import (
-    Facts,
-    HardLimiter,
-    gpu_facts,
-    probe,
-    static_problem,
-)
-from tests.gpu.conftest import CGROUP_ROOT, MIB, NODE, PodCgroups, container_id, holding, running, share_env
+from share_node.backend.nvml import NvmlBackend
+from share_node.backend.nvml import NvmlMemoryLimits
+from share_node.hardlimit import Facts
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import gpu_facts
+from share_node.hardlimit import probe
+from share_node.hardlimit import static_problem
+from tests.gpu.conftest import CGROUP_ROOT
+from tests.gpu.conftest import MIB
+from tests.gpu.conftest import NODE
+from tests.gpu.conftest import PodCgroups
+from tests.gpu.conftest import container_id
+from tests.gpu.conftest import holding
+from tests.gpu.conftest import running
+from tests.gpu.conftest import share_env
 
 # Allocates 256 MiB at a time until CUDA refuses, then says how far it got and what cudaMemGetInfo reports.
 ALLOC_LOOP = """

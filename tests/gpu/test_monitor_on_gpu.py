@@ -9,30 +9,34 @@ import signal
 
 import pytest
 
-from share_core.contract import EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED, MemoryUnit
+from share_core.contract import EVENT_OVER_LIMIT
+from share_core.contract import EVENT_OVER_LIMIT_KILLED
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
 from share_plugin.monitor import Monitor
-from share_plugin.usage import OverLimitMode, Usage
-from tests.gpu.conftest import (
-    GIB,
-    MIB,
-    NODE,
-    SAMPLES,
-    PodCgroups,
-    container_id,
-    holding,
-    running,
-    running_pod,
-    share_env,
-    wait_for,
-)
+from share_plugin.node import PluginNode
+from share_plugin.usage import OverLimitMode
+from share_plugin.usage import Usage
+from tests.gpu.conftest import GIB
+from tests.gpu.conftest import MIB
+from tests.gpu.conftest import NODE
+from tests.gpu.conftest import SAMPLES
+from tests.gpu.conftest import PodCgroups
+from tests.gpu.conftest import container_id
+from tests.gpu.conftest import holding
+from tests.gpu.conftest import running
+from tests.gpu.conftest import running_pod
+from tests.gpu.conftest import share_env
+from tests.gpu.conftest import wait_for
 
 
 def monitor(nvml: NvmlBackend, kube: FakeKube, mode: OverLimitMode, grace: float = 0.0) -> Monitor:
     kube.add_node({"metadata": {"name": NODE, "annotations": {}}, "status": {}})  # the usage annotation's home
-    return Monitor(NODE, nvml, kube, MemoryUnit.GiB, mode=mode, grace=grace, pod_refresh=0.0, min_relist=0.0)
+    return Monitor(
+        PluginNode(NODE, kube, nvml, MemoryUnit.GiB), mode=mode, grace=grace, pod_refresh=0.0, min_relist=0.0
+    )
 
 
 def of(usage: Usage, pod: str, container: str):

@@ -11,7 +11,12 @@ from pathlib import Path
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
 from share_plugin.mps import control_problem
-from tests.gpu.conftest import MIB, SAMPLES, MpsDaemon, holding, run_python, share_env
+from tests.gpu.conftest import MIB
+from tests.gpu.conftest import SAMPLES
+from tests.gpu.conftest import MpsDaemon
+from tests.gpu.conftest import holding
+from tests.gpu.conftest import run_python
+from tests.gpu.conftest import share_env
 
 
 def test_the_plugin_finds_the_daemon_and_notices_it_gone(mps_daemon: MpsDaemon) -> None:

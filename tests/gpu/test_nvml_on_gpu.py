@@ -6,13 +6,24 @@ from __future__ import annotations
 import subprocess
 import threading
 
-from share_core.contract import ANN_NODE_GPUS, DEVICE_ID_MAX_LEN, MemoryUnit
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import DEVICE_ID_MAX_LEN
+from share_core.contract import MemoryUnit
 from share_core.gpus import parse_node_gpus
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
-from share_plugin.devices import check_device_ids, device_list
-from tests.gpu.conftest import GIB, MIB, SAMPLES, holding, run_python, share_env, wait_for
-from tests.unit.plugin.simnode import make_pod, start_node, stop_node
+from share_plugin.devices import check_device_ids
+from share_plugin.devices import device_list
+from tests.gpu.conftest import GIB
+from tests.gpu.conftest import MIB
+from tests.gpu.conftest import SAMPLES
+from tests.gpu.conftest import holding
+from tests.gpu.conftest import run_python
+from tests.gpu.conftest import share_env
+from tests.gpu.conftest import wait_for
+from tests.unit.plugin.simnode import make_pod
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
 
 
 def nvidia_smi_gpus() -> list[dict[str, str]]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from share_node.backend import Gpu
-from tests.gpu.conftest import SAMPLES, run_python, share_env
+from tests.gpu.conftest import SAMPLES
+from tests.gpu.conftest import run_python
+from tests.gpu.conftest import share_env
 
 
 def test_pytorch_sample_stops_at_its_limit_less_the_context_reserve(gpu: Gpu) -> None:

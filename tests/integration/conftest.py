@@ -6,7 +6,8 @@ import itertools
 import os
 import re
 import subprocess
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest

@@ -13,15 +13,24 @@ from typing import Any
 
 import yaml
 
-from share_core.assignment import parse_assignment, pod_annotations, pod_node
-from share_core.kube import ApiServerClient, NotFound
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_node
+from share_core.kube import ApiServerClient
+from share_core.kube import NotFound
 from share_scheduler.config import scheduler_config
-from share_scheduler.sim.workload import SimNode, SimPod
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
-from tests.controlplane.cluster import ManagedProcess, free_port, http_status
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.cluster import free_port
+from tests.controlplane.cluster import http_status
 from tests.controlplane.gpucluster import wait_for
-from tests.integration.livesim import Placement, node_object, node_resources, pod_object
+from tests.integration.livesim import Placement
+from tests.integration.livesim import node_object
+from tests.integration.livesim import node_resources
+from tests.integration.livesim import pod_object
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,17 @@ from typing import Any
 import orjson
 
 import share_placement as placement
-from share_core.contract import ANN_GPU_COUNT, ANN_NODE_GPUS, RESOURCE_MEM
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_MEM
 from share_placement import Policy
-from share_scheduler.sim.engine import SeedResult, build_policy, simulate
-from share_scheduler.sim.workload import MILLI, SimNode, SimPod, Workload
+from share_scheduler.sim.engine import SeedResult
+from share_scheduler.sim.engine import build_policy
+from share_scheduler.sim.engine import simulate
+from share_scheduler.sim.workload import MILLI
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 GATE = "gpushare.io/live-vs-sim"  # the scheduling gate every arrival waits behind until its turn

@@ -14,16 +14,14 @@ import yaml
 
 from tests.controlplane import ControlPlane
 from tests.controlplane.webhook import serves_policy
-from tests.unit.chart.helm import (
-    ALL_OPTIONS,
-    CHART_DIR,
-    MONITORING_API,
-    Obj,
-    one,
-    render_chart,
-    run_helm,
-    scheduler_config,
-)
+from tests.unit.chart.helm import ALL_OPTIONS
+from tests.unit.chart.helm import CHART_DIR
+from tests.unit.chart.helm import MONITORING_API
+from tests.unit.chart.helm import Obj
+from tests.unit.chart.helm import one
+from tests.unit.chart.helm import render_chart
+from tests.unit.chart.helm import run_helm
+from tests.unit.chart.helm import scheduler_config
 
 pytestmark = pytest.mark.integration
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from share_core.assignment import parse_assignment, pod_annotations
-from tests.controlplane.gpucluster import (
-    NAMESPACE,
-    RELEASE,
-    GpuCluster,
-    load_yaml_docs,
-    sa_identity,
-    with_scheduler,
-)
-from tests.unit.chart.helm import render_chart, scheduler_config
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from tests.controlplane.gpucluster import NAMESPACE
+from tests.controlplane.gpucluster import RELEASE
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import load_yaml_docs
+from tests.controlplane.gpucluster import sa_identity
+from tests.controlplane.gpucluster import with_scheduler
+from tests.unit.chart.helm import render_chart
+from tests.unit.chart.helm import scheduler_config
 
 pytestmark = pytest.mark.integration
 

@@ -28,16 +28,15 @@ from typing import Any
 import grpc
 import pytest
 
-from share_core.contract import (
-    DRA_CAPACITY_MEMORY,
-    DRA_CDI_KIND,
-    DRA_DRIVER_NAME,
-    ENV_MEM_LIMIT_MIB,
-    ENV_MEM_TOTAL_MIB,
-    ENV_VISIBLE_DEVICES,
-    dra_cdi_spec_file,
-)
-from share_core.kube import ApiServerClient, NotFound
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_CDI_KIND
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_MEM_TOTAL_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import dra_cdi_spec_file
+from share_core.kube import ApiServerClient
+from share_core.kube import NotFound
 from share_dra.api import dra_v1_pb2 as pb
 from share_dra.api import dra_v1_pb2_grpc as pbgrpc
 from share_dra.api import pluginregistration_v1_pb2 as regpb
@@ -47,9 +46,11 @@ from share_node.backend.sim import sim_uuid
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.draworkload import device_class, memory_claim
+from tests.controlplane.draworkload import device_class
+from tests.controlplane.draworkload import memory_claim
 from tests.controlplane.gpucluster import wait_for
-from tests.unit.chart.helm import cluster_role_rules, render_chart
+from tests.unit.chart.helm import cluster_role_rules
+from tests.unit.chart.helm import render_chart
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s_min("1.34", "no resource.k8s.io/v1 before 1.34 (DRA GA)")]
 # v1.34's scheduler (consumable capacity alpha) stops at a node's first shared device once it is full and never

@@ -26,13 +26,19 @@ import yaml
 from share_core.contract import DRA_DRIVER_NAME as DRIVER
 from share_core.contract import MemoryUnit
 from share_core.dra_convert import convert_all
-from share_core.kube import ApiServerClient, KubeError
-from share_dra.slices import resource_slice, slice_spec
+from share_core.kube import ApiServerClient
+from share_core.kube import KubeError
+from share_dra.slices import resource_slice
+from share_dra.slices import slice_spec
 from share_inspect.cli import main as inspect_main
 from share_node.backend.sim import SimBackend
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
-from tests.unit.chart.helm import CHART_DIR, HelmError, Obj, render_chart, run_helm
+from tests.unit.chart.helm import CHART_DIR
+from tests.unit.chart.helm import HelmError
+from tests.unit.chart.helm import Obj
+from tests.unit.chart.helm import render_chart
+from tests.unit.chart.helm import run_helm
 
 pytestmark = pytest.mark.integration
 

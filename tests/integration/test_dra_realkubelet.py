@@ -15,20 +15,20 @@ from collections.abc import Iterator
 
 import pytest
 
-from share_core.contract import (
-    DRA_CAPACITY_MEMORY,
-    DRA_DEVICE_CLASS,
-    DRA_DRIVER_NAME,
-    DRA_REGISTRATION_SOCKET_NAME,
-    ENV_MEM_LIMIT_MIB,
-    SCHEDULER_NAME,
-    dra_cdi_spec_file,
-)
-from share_core.kube import ApiServerClient, NotFound
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DRA_REGISTRATION_SOCKET_NAME
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import dra_cdi_spec_file
+from share_core.kube import ApiServerClient
+from share_core.kube import NotFound
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
 from tests.controlplane.draworkload import device_class
-from tests.controlplane.gpucluster import GpuCluster, wait_for
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import wait_for
 from tests.node import RealNode
 
 RES = "/apis/resource.k8s.io/v1"

@@ -11,9 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from share_core.assignment import parse_assignment, pod_annotations
-from share_core.contract import ENV_GPU_INDEX, ENV_MEM_LIMIT_MIB, ENV_MEM_TOTAL_MIB, ENV_VISIBLE_DEVICES
-from tests.controlplane.gpucluster import GpuCluster, pod_spec, wait_for
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.contract import ENV_GPU_INDEX
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_MEM_TOTAL_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import pod_spec
+from tests.controlplane.gpucluster import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,13 +22,19 @@ import pytest
 import yaml
 
 from share_core.accounting import node_usage
-from share_core.assignment import parse_assignment, pod_annotations, pod_node
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.assignment import pod_node
 from share_core.gpus import node_gpus
-from share_core.kube import ApiServerClient, KubeError
+from share_core.kube import ApiServerClient
+from share_core.kube import KubeError
 from share_scheduler.config import scheduler_config
 from tests.controlplane import ControlPlane
-from tests.controlplane.barenodes import create_bare_nodes, gpu_pod
-from tests.controlplane.cluster import ManagedProcess, free_port, http_status
+from tests.controlplane.barenodes import create_bare_nodes
+from tests.controlplane.barenodes import gpu_pod
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.cluster import free_port
+from tests.controlplane.cluster import http_status
 from tests.controlplane.gpucluster import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

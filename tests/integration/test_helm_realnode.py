@@ -31,14 +31,19 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import ANN_NODE_GPUS, NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_COUNT
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import NODE_LABEL
+from share_core.contract import NODE_LABEL_VALUE
+from share_core.contract import RESOURCE_COUNT
 from tests.controlplane import ControlPlane
-from tests.controlplane.cluster import CONTROLLER_MANAGER_USER, DEFAULT_CONTROLLERS
+from tests.controlplane.cluster import CONTROLLER_MANAGER_USER
+from tests.controlplane.cluster import DEFAULT_CONTROLLERS
 from tests.controlplane.gpucluster import wait_for
 from tests.controlplane.webhook import serves_policy
 from tests.node import RealNode
 from tests.node.images import node_images
-from tests.node.product_images import ProductImages, product_images
+from tests.node.product_images import ProductImages
+from tests.node.product_images import product_images
 from tests.node.serviceproxy import KubernetesServiceProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.realkubelet, pytest.mark.timeout(1200)]

@@ -9,7 +9,10 @@ import tarfile
 
 import pytest
 
-from tests.node.product_images import build_product_images, layer_listing, oci_manifest_and_config, product_images
+from tests.node.product_images import build_product_images
+from tests.node.product_images import layer_listing
+from tests.node.product_images import oci_manifest_and_config
+from tests.node.product_images import product_images
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

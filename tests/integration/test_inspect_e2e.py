@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
-from share_core.assignment import parse_assignment, pod_annotations
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
 from share_inspect.cli import main as inspect_main
-from tests.controlplane.gpucluster import GpuCluster, pod_spec
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import pod_spec
 
 pytestmark = pytest.mark.integration
 

@@ -9,12 +9,17 @@ import pytest
 
 from share_core.assignment import pod_is_finished
 from share_core.contract import RESOURCE_MEM
-from share_core.kube import ApiServerClient, Conflict, Forbidden, NotFound, Unavailable
+from share_core.kube import ApiServerClient
+from share_core.kube import Conflict
+from share_core.kube import Forbidden
+from share_core.kube import NotFound
+from share_core.kube import Unavailable
 from share_core.request import pod_request
 from share_scheduler.nodes import pod_record
 from tests.controlplane import ControlPlane
-from tests.controlplane.gpucluster import EXTENDER_SA, install_chart_rbac
+from tests.controlplane.gpucluster import EXTENDER_SA
 from tests.controlplane.gpucluster import NAMESPACE as CHART_NAMESPACE
+from tests.controlplane.gpucluster import install_chart_rbac
 
 pytestmark = pytest.mark.integration
 

@@ -28,12 +28,16 @@ What the two sides are given so that they may agree:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from share_scheduler.sim.workload import SimNode, SimPod, Workload, load_openb
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
+from share_scheduler.sim.workload import load_openb
 from tests.controlplane import ControlPlane
 from tests.integration import livesim
 from tests.integration.liverun import run_live

@@ -23,17 +23,28 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.assignment import parse_assignment, pod_annotations
-from share_core.contract import DRA_ATTR_UUID, DRA_CAPACITY_MEMORY
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.contract import DRA_ATTR_UUID
+from share_core.contract import DRA_CAPACITY_MEMORY
 from share_core.kube import KubeError
 from share_dra.claims import quantity_bytes
 from share_node.backend.sim import sim_uuid
-from share_placement import Demand, GpuSlot, NodeState, make_policy
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import make_policy
 from share_placement.draorder import device_order
 from share_scheduler.config import scheduler_config
-from tests.controlplane.cluster import ManagedProcess, free_port
-from tests.controlplane.draworkload import RESOURCE_API, claim_pod, device_class, memory_claim
-from tests.controlplane.gpucluster import GpuCluster, pod_spec, wait_for
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.cluster import free_port
+from tests.controlplane.draworkload import RESOURCE_API
+from tests.controlplane.draworkload import claim_pod
+from tests.controlplane.draworkload import device_class
+from tests.controlplane.draworkload import memory_claim
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import pod_spec
+from tests.controlplane.gpucluster import wait_for
 
 pytestmark = [
     pytest.mark.integration,

@@ -15,20 +15,24 @@ from typing import Any
 
 import pytest
 
-from share_core.accounting import GpuUsage, node_usage
-from share_core.assignment import Assignment, parse_assignment, pod_annotations
-from share_core.contract import (
-    ANN_ASSIGNED,
-    ENV_MEM_LIMIT_MIB,
-    ENV_VISIBLE_DEVICES,
-    EVENT_ALLOCATE_REFUSED,
-    EVENT_RUNS_WITHOUT_GPU,
-    RESOURCE_MEM,
-)
+from share_core.accounting import GpuUsage
+from share_core.accounting import node_usage
+from share_core.assignment import Assignment
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import EVENT_ALLOCATE_REFUSED
+from share_core.contract import EVENT_RUNS_WITHOUT_GPU
+from share_core.contract import RESOURCE_MEM
 from share_core.gpus import node_gpus
 from share_plugin.podresources import PodResourcesClient
-from tests.controlplane.gpucluster import GpuCluster, Pod, wait_for
-from tests.controlplane.realgpunode import RealGpuNode, delete_pods
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import Pod
+from tests.controlplane.gpucluster import wait_for
+from tests.controlplane.realgpunode import RealGpuNode
+from tests.controlplane.realgpunode import delete_pods
 from tests.node import RealNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.realkubelet]

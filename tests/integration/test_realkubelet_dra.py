@@ -25,14 +25,12 @@ from typing import Any
 
 import pytest
 
-from share_core.contract import (
-    DRA_CAPACITY_MEMORY,
-    DRA_DRIVER_NAME,
-    ENV_MEM_LIMIT_MIB,
-    ENV_MEM_TOTAL_MIB,
-    ENV_VISIBLE_DEVICES,
-    dra_cdi_spec_file,
-)
+from share_core.contract import DRA_CAPACITY_MEMORY
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_MEM_TOTAL_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import dra_cdi_spec_file
 from share_core.kube import NotFound
 from share_dra.claims import quantity_bytes
 from share_node.backend.sim import SimBackend
@@ -40,10 +38,15 @@ from share_node.backend.simlimits import read_state
 from share_node.hardlimit import pod_uid_of_dir
 from tests.controlplane import ControlPlane
 from tests.controlplane.cluster import ManagedProcess
-from tests.controlplane.draworkload import device_class, memory_claim
+from tests.controlplane.draworkload import device_class
+from tests.controlplane.draworkload import memory_claim
 from tests.controlplane.gpucluster import wait_for
-from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP, env_from_log
-from tests.integration.test_dra import PLUGIN_USER, RES, grant_plugin_rbac, start_dra_control_plane
+from tests.controlplane.realgpunode import PRINT_ENV_AND_SLEEP
+from tests.controlplane.realgpunode import env_from_log
+from tests.integration.test_dra import PLUGIN_USER
+from tests.integration.test_dra import RES
+from tests.integration.test_dra import grant_plugin_rbac
+from tests.integration.test_dra import start_dra_control_plane
 from tests.node import RealNode
 from tests.node.host import hard_limit_cgroup_tree
 

@@ -21,11 +21,15 @@ from typing import Any
 
 import pytest
 
-from share_core.contract import ANN_GPU_UUID, ANN_NODE_HARD_LIMIT, ENV_MEM_LIMIT_MIB
+from share_core.contract import ANN_GPU_UUID
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import ENV_MEM_LIMIT_MIB
 from share_node.backend.simlimits import read_state
 from share_node.hardlimit import pod_uid_of_dir
-from tests.controlplane.gpucluster import GpuCluster, wait_for
-from tests.controlplane.realgpunode import RealGpuNode, delete_pods
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import wait_for
+from tests.controlplane.realgpunode import RealGpuNode
+from tests.controlplane.realgpunode import delete_pods
 from tests.node import RealNode
 from tests.node.host import hard_limit_cgroup_tree
 

@@ -22,16 +22,25 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from share_core.assignment import parse_assignment, pod_annotations
-from share_core.contract import ANN_NODE_GPU_USAGE, EVENT_OVER_LIMIT, EVENT_OVER_LIMIT_KILLED
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_annotations
+from share_core.contract import ANN_NODE_GPU_USAGE
+from share_core.contract import EVENT_OVER_LIMIT
+from share_core.contract import EVENT_OVER_LIMIT_KILLED
 from share_core.gpus import node_gpus
 from share_core.gpuusage import parse_gpu_usage
-from share_inspect.report import build_report, report_to_dict
+from share_inspect.report import build_report
+from share_inspect.report import report_to_dict
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.cgroups import status_container_id
 from tests.controlplane.cluster import free_ports
-from tests.controlplane.gpucluster import GpuCluster, Pod, wait_for
-from tests.controlplane.realgpunode import ENV_END, RealGpuNode, delete_pods, env_from_log
+from tests.controlplane.gpucluster import GpuCluster
+from tests.controlplane.gpucluster import Pod
+from tests.controlplane.gpucluster import wait_for
+from tests.controlplane.realgpunode import ENV_END
+from tests.controlplane.realgpunode import RealGpuNode
+from tests.controlplane.realgpunode import delete_pods
+from tests.controlplane.realgpunode import env_from_log
 from tests.node import RealNode
 from tests.node.realnode import DEVICE_CHECKPOINT
 

@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE, RESOURCE_MEM
+from share_core.contract import NODE_LABEL
+from share_core.contract import NODE_LABEL_VALUE
+from share_core.contract import RESOURCE_MEM
 from share_core.kube import NotFound
-from tests.controlplane import ControlPlane, ManagedProcess
+from tests.controlplane import ControlPlane
+from tests.controlplane import ManagedProcess
 from tests.controlplane.gpucluster import plugin_argv
 from tests.node import RealNode
 

@@ -22,10 +22,19 @@ from typing import Any
 
 import pytest
 
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, ANN_NODE_GPUS, NODE_LABEL, RESOURCE_MEM, SCHEDULER_NAME
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import NODE_LABEL
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
 from tests.controlplane import ControlPlane
 from tests.controlplane.gpucluster import wait_for
-from tests.controlplane.webhook import NAME, NAMESPACE, ROOT, SECRET, Webhook
+from tests.controlplane.webhook import NAME
+from tests.controlplane.webhook import NAMESPACE
+from tests.controlplane.webhook import ROOT
+from tests.controlplane.webhook import SECRET
+from tests.controlplane.webhook import Webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

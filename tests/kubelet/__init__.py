@@ -36,18 +36,18 @@ for the pods a KubeClient shows bound to its node, in an order a callable picks,
 integration tier does this).
 """
 
-from tests.kubelet.devicemanager import AllocateCall, DeviceManager, DeviceManagerError
-from tests.kubelet.standin import (
-    AdmissionError,
-    ContainerStartError,
-    KubeletStandIn,
-    KubeletState,
-    Pod,
-    PodRecord,
-    PodRef,
-    Predicate,
-    set_pod_phase,
-)
+from tests.kubelet.devicemanager import AllocateCall
+from tests.kubelet.devicemanager import DeviceManager
+from tests.kubelet.devicemanager import DeviceManagerError
+from tests.kubelet.standin import AdmissionError
+from tests.kubelet.standin import ContainerStartError
+from tests.kubelet.standin import KubeletStandIn
+from tests.kubelet.standin import KubeletState
+from tests.kubelet.standin import Pod
+from tests.kubelet.standin import PodRecord
+from tests.kubelet.standin import PodRef
+from tests.kubelet.standin import Predicate
+from tests.kubelet.standin import set_pod_phase
 
 __all__ = [
     "AdmissionError",

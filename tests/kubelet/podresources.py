@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 import grpc
 
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from tests.kubelet.devicemanager import app_containers, init_containers, is_restartable_init
+from tests.kubelet.devicemanager import app_containers
+from tests.kubelet.devicemanager import init_containers
+from tests.kubelet.devicemanager import is_restartable_init
 
 if TYPE_CHECKING:
-    from tests.kubelet.standin import KubeletStandIn, PodRecord
+    from tests.kubelet.standin import KubeletStandIn
+    from tests.kubelet.standin import PodRecord
 
 DEFAULT_QPS = 100.0  # apis/podresources/constants.go DefaultQPS
 DEFAULT_BURST = 10  # DefaultBurstTokens

@@ -14,28 +14,33 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 import grpc
 
-from share_core.contract import KUBELET_SOCKET_NAME, RESOURCE_MEM
+from share_core.contract import KUBELET_SOCKET_NAME
+from share_core.contract import RESOURCE_MEM
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from tests.kubelet.devicemanager import (
-    ENDPOINT_STOP_GRACE,
-    AllocateCall,
-    DeviceManager,
-    DeviceManagerError,
-    PodDevices,
-    app_containers,
-    effective_request,
-    init_containers,
-    is_restartable_init,
-    pod_uid,
-)
-from tests.kubelet.podresources import DEFAULT_BURST, DEFAULT_QPS, PodResourcesServer, RateLimiter
+from tests.kubelet.devicemanager import ENDPOINT_STOP_GRACE
+from tests.kubelet.devicemanager import AllocateCall
+from tests.kubelet.devicemanager import DeviceManager
+from tests.kubelet.devicemanager import DeviceManagerError
+from tests.kubelet.devicemanager import PodDevices
+from tests.kubelet.devicemanager import app_containers
+from tests.kubelet.devicemanager import effective_request
+from tests.kubelet.devicemanager import init_containers
+from tests.kubelet.devicemanager import is_restartable_init
+from tests.kubelet.devicemanager import pod_uid
+from tests.kubelet.podresources import DEFAULT_BURST
+from tests.kubelet.podresources import DEFAULT_QPS
+from tests.kubelet.podresources import PodResourcesServer
+from tests.kubelet.podresources import RateLimiter
 
 log = logging.getLogger("kubelet-standin")
 

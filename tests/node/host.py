@@ -9,7 +9,8 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from collections.abc import Iterator
 from pathlib import Path
 
 CGROUP_FS = Path("/sys/fs/cgroup")

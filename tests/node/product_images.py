@@ -11,7 +11,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.node.images import NodeImage, read_images
+from tests.node.images import NodeImage
+from tests.node.images import read_images
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack" / "build-image.sh"

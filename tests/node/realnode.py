@@ -50,25 +50,30 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
+from typing import Self
 
 import yaml
 
-from share_core.contract import NODE_LABEL, NODE_LABEL_VALUE
-from share_core.kube import ApiServerClient, KubeError, NotFound, load_configuration
-from tests.controlplane.cluster import (
-    LOOPBACK,
-    ControlPlane,
-    ControlPlaneError,
-    ManagedProcess,
-    StartStop,
-    free_ports,
-    tail,
-)
+from share_core.contract import NODE_LABEL
+from share_core.contract import NODE_LABEL_VALUE
+from share_core.kube import ApiServerClient
+from share_core.kube import KubeError
+from share_core.kube import NotFound
+from share_core.kube import load_configuration
+from tests.controlplane.cluster import LOOPBACK
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.cluster import ControlPlaneError
+from tests.controlplane.cluster import ManagedProcess
+from tests.controlplane.cluster import StartStop
+from tests.controlplane.cluster import free_ports
+from tests.controlplane.cluster import tail
 
 from . import host
-from .containerd import ContainerdBuildError, containerd_bin_dir
-from .images import NodeImages, node_images
+from .containerd import ContainerdBuildError
+from .containerd import containerd_bin_dir
+from .images import NodeImages
+from .images import node_images
 
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # kubelet's, compiled in (v1beta1.DevicePluginPath)
 DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"  # kubelet's device manager state, in that directory

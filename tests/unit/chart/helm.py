@@ -10,9 +10,13 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypedDict, Unpack
+from typing import Any
+from typing import TypedDict
+from typing import Unpack
 
 import yaml
 

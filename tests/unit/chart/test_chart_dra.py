@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import (
-    DEFAULT_DRA_PLUGIN_DIR,
-    DEFAULT_PLUGINS_REGISTRY_DIR,
-    DRA_DEVICE_CLASS,
-    DRA_DRIVER_NAME,
-    DRA_REGISTRATION_SOCKET_NAME,
-    DRA_SOCKET_NAME,
-)
+from share_core.contract import DEFAULT_DRA_PLUGIN_DIR
+from share_core.contract import DEFAULT_PLUGINS_REGISTRY_DIR
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DRA_REGISTRATION_SOCKET_NAME
+from share_core.contract import DRA_SOCKET_NAME
 from tests.unit.chart import helm as h
-from tests.unit.chart.helm import ALL_OPTIONS, HelmError, Obj
+from tests.unit.chart.helm import ALL_OPTIONS
+from tests.unit.chart.helm import HelmError
+from tests.unit.chart.helm import Obj
 from tests.unit.chart.test_chart_render import _flatten
 
 MODE_LABEL = "gpushare.io/mode"

@@ -17,8 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
+from share_plugin.node import PluginNode
 from tests.unit.chart import helm as h
-from tests.unit.chart.helm import ALL_OPTIONS, DEFAULT_NAMESPACE, MONITORING_API, HelmError, Obj
+from tests.unit.chart.helm import ALL_OPTIONS
+from tests.unit.chart.helm import DEFAULT_NAMESPACE
+from tests.unit.chart.helm import MONITORING_API
+from tests.unit.chart.helm import HelmError
+from tests.unit.chart.helm import Obj
 
 KUBE_VERSION = "v1.36.3"
 
@@ -772,7 +777,7 @@ def test_grafana_dashboard_config_map(all_docs: list[Obj], default_docs: list[Ob
     from share_plugin.metrics import MonitorCollector
     from share_plugin.monitor import Monitor
 
-    monitor = Monitor("n", SimBackend("1xT4:16GiB", "n"), FakeKube(), MemoryUnit.GiB)
+    monitor = Monitor(PluginNode("n", FakeKube(), SimBackend("1xT4:16GiB", "n"), MemoryUnit.GiB))
     exported = {f.name for f in MonitorCollector(monitor).collect()}
     exported |= {n + "_total" for n in exported}
     queried = set(re.findall(r"gpushare_[a-z_]+", exprs))

@@ -13,7 +13,10 @@ import orjson
 import pytest
 import yaml
 
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_MEM, SCHEDULER_NAME
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
 from share_core.request import pod_request
 from share_webhook import review
 

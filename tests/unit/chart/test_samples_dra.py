@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import DRA_DEVICE_CLASS, SCHEDULER_NAME
+from share_core.contract import DRA_DEVICE_CLASS
+from share_core.contract import SCHEDULER_NAME
 from share_core.request import parse_quantity
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples" / "dra"

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from share_core.config import ConfigError, configurable, field_name, parse_args, read_config, section_defaults
+from share_core.config import ConfigError
+from share_core.config import configurable
+from share_core.config import field_name
+from share_core.config import parse_args
+from share_core.config import read_config
+from share_core.config import section_defaults
 from share_dra.cli import build_parser as dra_parser
 from share_plugin.cli import build_parser as plugin_parser
 from share_scheduler.cli import build_parser as scheduler_parser
@@ -106,7 +111,8 @@ def test_a_bad_file_exits_2_like_a_bad_flag(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_the_field_reference_in_the_docs_is_current() -> None:
-    from hack.config_reference import DOC, render
+    from hack.config_reference import DOC
+    from hack.config_reference import render
 
     doc = DOC.read_text()
     assert render(doc) == doc, "docs/configuration.md is stale: python -m hack.config_reference --write"

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from share_core.kube import Gone, Pages
+from share_core.kube import Gone
+from share_core.kube import Pages
 
 
 def _server(pages: int, per_page: int, fail_at: int | None = None, log: list[str] | None = None):

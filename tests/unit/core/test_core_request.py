@@ -6,7 +6,10 @@ from decimal import Decimal
 
 import pytest
 
-from share_core.request import InvalidRequest, parse_quantity, parse_units, pod_request
+from share_core.request import InvalidRequest
+from share_core.request import parse_quantity
+from share_core.request import parse_units
+from share_core.request import pod_request
 
 R = "nvidia.com/gpu-mem"
 

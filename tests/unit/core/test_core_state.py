@@ -7,11 +7,22 @@ import threading
 import pytest
 
 from share_core.accounting import node_usage
-from share_core.assignment import Assignment, parse_assignment, pod_is_finished, pod_key, pod_node
-from share_core.contract import MemoryUnit, device_id, gpu_uuid_of_device
+from share_core.assignment import Assignment
+from share_core.assignment import parse_assignment
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_key
+from share_core.assignment import pod_node
+from share_core.contract import MemoryUnit
+from share_core.contract import device_id
+from share_core.contract import gpu_uuid_of_device
 from share_core.fake import FakeKube
-from share_core.gpus import GpuInfo, format_node_gpus, node_gpus, parse_node_gpus
-from share_core.kube import Conflict, NotFound, Unavailable
+from share_core.gpus import GpuInfo
+from share_core.gpus import format_node_gpus
+from share_core.gpus import node_gpus
+from share_core.gpus import parse_node_gpus
+from share_core.kube import Conflict
+from share_core.kube import NotFound
+from share_core.kube import Unavailable
 from share_core.request import InvalidRequest
 
 

@@ -11,9 +11,18 @@ from typing import Any
 import pytest
 import yaml
 
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
-from share_core.dra_convert import convert_all, convert_manifest, main, model_selector
-from share_core.request import InvalidRequest, parse_quantity, pod_request
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
+from share_core.dra_convert import convert_all
+from share_core.dra_convert import convert_manifest
+from share_core.dra_convert import main
+from share_core.dra_convert import model_selector
+from share_core.request import InvalidRequest
+from share_core.request import parse_quantity
+from share_core.request import pod_request
 
 SAMPLES = Path(__file__).resolve().parents[3] / "samples"
 GIB = 1024**3

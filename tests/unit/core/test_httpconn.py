@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from share_core.httpconn import ConnectionPool, TransportError
+from share_core.httpconn import ConnectionPool
+from share_core.httpconn import TransportError
 
 Handler = Callable[[socket.socket, bytes], bool]  # answers one request; False: close the connection
 

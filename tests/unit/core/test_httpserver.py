@@ -7,7 +7,8 @@ import http.client
 import socket
 import time
 
-from share_core.httpserver import HttpServer, Request
+from share_core.httpserver import HttpServer
+from share_core.httpserver import Request
 
 
 def test_per_connection_threads_routes_fallback_and_the_cap() -> None:

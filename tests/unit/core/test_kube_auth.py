@@ -12,7 +12,9 @@ from kubernetes import client
 from kubernetes.config import incluster_config
 
 from share_core.httpconn import ConnectionPool
-from share_core.kube import AUTH_REFRESH_S, ApiServerClient, KubeError
+from share_core.kube import AUTH_REFRESH_S
+from share_core.kube import ApiServerClient
+from share_core.kube import KubeError
 
 
 def test_incluster_token_is_sent(tmp_path):

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from share_core.kube import Gone
-from tests.unit.core.streamserver import StreamServer, serving, watcher
+from tests.unit.core.streamserver import StreamServer
+from tests.unit.core.streamserver import serving
+from tests.unit.core.streamserver import watcher
 
 
 def pod_event(kind: str, i: int) -> bytes:

@@ -17,20 +17,30 @@ from pathlib import Path
 
 import orjson
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pool
+from google.protobuf import message_factory
 from grpc_tools import protoc
-from hypothesis import given, settings
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 from kubernetes import client
 
 from share_core import kubeproto
-from share_core.assignment import Assignment, pod_is_finished
+from share_core.assignment import Assignment
+from share_core.assignment import pod_is_finished
 from share_core.contract import RESOURCE_MEM
-from share_core.kube import ApiServerClient, Conflict, Gone, binding_json
+from share_core.kube import ApiServerClient
+from share_core.kube import Conflict
+from share_core.kube import Gone
+from share_core.kube import binding_json
 from share_core.podresources import pod_host_request
-from share_core.request import InvalidRequest, pod_request
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
 from share_scheduler.nodes import pod_record
-from tests.unit.core.streamserver import StreamServer, serving, watcher
+from tests.unit.core.streamserver import StreamServer
+from tests.unit.core.streamserver import serving
+from tests.unit.core.streamserver import watcher
 from tests.unit.core.test_httpconn import Server
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from share_core.podresources import Allocatable, HostRequest, node_allocatable, pod_host_request
+from share_core.podresources import Allocatable
+from share_core.podresources import HostRequest
+from share_core.podresources import node_allocatable
+from share_core.podresources import pod_host_request
 
 GI = 2**30
 

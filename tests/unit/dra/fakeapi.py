@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from share_core.kube import Conflict, NotFound
+from share_core.kube import Conflict
+from share_core.kube import NotFound
 
 Obj = dict[str, Any]
 

@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from share_core.contract import MemoryUnit
-from share_dra.driver import CHECKPOINT_NAME, Checkpoint, ClaimSource, Driver
+from share_dra.driver import CHECKPOINT_NAME
+from share_dra.driver import Checkpoint
+from share_dra.driver import ClaimSource
+from share_dra.driver import Driver
 from share_node.backend import Gpu
 from share_node.hardlimit import HardLimiter
 

@@ -9,7 +9,8 @@ spec- or device-level `annotations` and a dot in the kind's class need 0.6.0.
 from __future__ import annotations
 
 from share_core.contract import MemoryUnit
-from share_dra.claims import AllocatedDevice, prepare
+from share_dra.claims import AllocatedDevice
+from share_dra.claims import prepare
 from share_node.backend import Gpu
 
 GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * 1024**3, 0)]

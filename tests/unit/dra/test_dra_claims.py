@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from share_core.contract import ENV_ALIYUN_POD, ENV_MEM_LIMIT_MIB, ENV_VISIBLE_DEVICES, MemoryUnit
-from share_dra.claims import (
-    AllocatedDevice,
-    ClaimError,
-    allocated_devices,
-    nvidia_cdi_names,
-    prepare,
-    quantity_bytes,
-)
+from share_core.contract import ENV_ALIYUN_POD
+from share_core.contract import ENV_MEM_LIMIT_MIB
+from share_core.contract import ENV_VISIBLE_DEVICES
+from share_core.contract import MemoryUnit
+from share_dra.claims import AllocatedDevice
+from share_dra.claims import ClaimError
+from share_dra.claims import allocated_devices
+from share_dra.claims import nvidia_cdi_names
+from share_dra.claims import prepare
+from share_dra.claims import quantity_bytes
 from share_node.env import gpu_env
 from tests.unit.dra.fakeapi import allocated_claim
-from tests.unit.dra.node import GIB, GPUS
+from tests.unit.dra.node import GIB
+from tests.unit.dra.node import GPUS
 
 
 def env_of(device: dict) -> dict[str, str]:

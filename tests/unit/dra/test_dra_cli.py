@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from share_dra.cli import build_parser, main
+from share_dra.cli import build_parser
+from share_dra.cli import main
 
 
 def test_node_name_is_required(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from share_dra.driver import CHECKPOINT_NAME, ClaimRef
-from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
+from share_dra.driver import CHECKPOINT_NAME
+from share_dra.driver import ClaimRef
+from tests.unit.dra.fakeapi import FakeDraApi
+from tests.unit.dra.fakeapi import allocated_claim
 from tests.unit.dra.node import make_driver
 
 

@@ -14,10 +14,14 @@ from share_dra.api import dra_v1_pb2 as pb
 from share_dra.api import dra_v1_pb2_grpc as pbgrpc
 from share_dra.api import pluginregistration_v1_pb2 as regpb
 from share_dra.api import pluginregistration_v1_pb2_grpc as reggrpc
-from share_dra.driver import CHECKPOINT_NAME, Checkpoint, Driver
-from share_dra.server import PluginServers, Sockets
+from share_dra.driver import CHECKPOINT_NAME
+from share_dra.driver import Checkpoint
+from share_dra.driver import Driver
+from share_dra.server import PluginServers
+from share_dra.server import Sockets
 from share_node.backend import Gpu
-from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
+from tests.unit.dra.fakeapi import FakeDraApi
+from tests.unit.dra.fakeapi import allocated_claim
 
 GPUS = [Gpu(0, "GPU-aaaa", "Tesla T4", 16 * 1024**3, 0)]
 

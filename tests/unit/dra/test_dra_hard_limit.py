@@ -7,11 +7,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from share_dra.driver import ClaimRef, Driver
+from share_dra.driver import ClaimRef
+from share_dra.driver import Driver
 from share_node.backend.simlimits import SimMemoryLimits
-from share_node.hardlimit import Facts, GpuFacts, HardLimiter, decide_support
-from tests.unit.dra.fakeapi import FakeDraApi, allocated_claim
-from tests.unit.dra.node import GIB, GPUS, make_driver
+from share_node.hardlimit import Facts
+from share_node.hardlimit import GpuFacts
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import decide_support
+from tests.unit.dra.fakeapi import FakeDraApi
+from tests.unit.dra.fakeapi import allocated_claim
+from tests.unit.dra.node import GIB
+from tests.unit.dra.node import GPUS
+from tests.unit.dra.node import make_driver
 
 POD = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 

@@ -7,7 +7,10 @@ import threading
 
 from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
-from share_dra.order import CLAIMS_PATH, ClaimUsage, device_index, policy_order
+from share_dra.order import CLAIMS_PATH
+from share_dra.order import ClaimUsage
+from share_dra.order import device_index
+from share_dra.order import policy_order
 from share_dra.publisher import SlicePublisher
 from share_node.backend import Gpu
 from share_placement import make_policy

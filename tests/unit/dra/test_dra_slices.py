@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from share_core.contract import DRA_DRIVER_NAME, MemoryUnit
+from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import MemoryUnit
 from share_dra import slices
 from share_node.backend import Gpu
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from share_core.assignment import Assignment
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
-from share_core.gpus import GpuInfo, format_node_gpus
+from share_core.gpus import GpuInfo
+from share_core.gpus import format_node_gpus
 
 
 def node(name: str, ip: str | None, gpus: list[GpuInfo] | None = None, capacity: dict[str, str] | None = None) -> dict:

@@ -7,25 +7,30 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs
+from urllib.parse import urlparse
 
 import pytest
 import yaml
 
 from share_core.fake import FakeKube
-from share_core.kube import Forbidden, KubeError, Unavailable
-from share_inspect.cli import (
-    EXIT_ERROR,
-    EXIT_FORBIDDEN,
-    EXIT_NO_NODES,
-    EXIT_UNREACHABLE,
-    EXIT_USAGE,
-    main,
-    style_for,
-)
-from tests.unit.inspect.inspect_cluster import NODES, PODS, fake_cluster, node
+from share_core.kube import Forbidden
+from share_core.kube import KubeError
+from share_core.kube import Unavailable
+from share_inspect.cli import EXIT_ERROR
+from share_inspect.cli import EXIT_FORBIDDEN
+from share_inspect.cli import EXIT_NO_NODES
+from share_inspect.cli import EXIT_UNREACHABLE
+from share_inspect.cli import EXIT_USAGE
+from share_inspect.cli import main
+from share_inspect.cli import style_for
+from tests.unit.inspect.inspect_cluster import NODES
+from tests.unit.inspect.inspect_cluster import PODS
+from tests.unit.inspect.inspect_cluster import fake_cluster
+from tests.unit.inspect.inspect_cluster import node
 
 
 class Tty(io.StringIO):

@@ -10,11 +10,20 @@ from typing import Any
 import pytest
 
 from share_core.contract import MemoryUnit
-from share_inspect.cli import CLAIMS_PATH, SLICES_PATH, main
-from share_inspect.dra import DRA_DRIVER, dra_state, quantity_mib
-from share_inspect.render import render_details, render_summary
-from share_inspect.report import MODE_DEVICE_PLUGIN, MODE_DRA, build_report, report_to_dict
-from tests.unit.inspect.inspect_cluster import NODES, PODS
+from share_inspect.cli import CLAIMS_PATH
+from share_inspect.cli import SLICES_PATH
+from share_inspect.cli import main
+from share_inspect.dra import DRA_DRIVER
+from share_inspect.dra import dra_state
+from share_inspect.dra import quantity_mib
+from share_inspect.render import render_details
+from share_inspect.render import render_summary
+from share_inspect.report import MODE_DEVICE_PLUGIN
+from share_inspect.report import MODE_DRA
+from share_inspect.report import build_report
+from share_inspect.report import report_to_dict
+from tests.unit.inspect.inspect_cluster import NODES
+from tests.unit.inspect.inspect_cluster import PODS
 from tests.unit.inspect.test_inspect_cli import api_server  # noqa: F401  (fixture)
 
 
@@ -310,7 +319,8 @@ def test_reads_the_slice_share_dra_publishes() -> None:
     import dataclasses
 
     from share_core.contract import DRA_UNHEALTHY_TAINT
-    from share_dra.slices import resource_slice, slice_spec
+    from share_dra.slices import resource_slice
+    from share_dra.slices import slice_spec
     from share_node.backend.sim import SimBackend
 
     gpus = SimBackend("1xA100:80GiB,1xT4:16GiB", "n1").gpus()

@@ -6,10 +6,14 @@ import copy
 import json
 
 from share_core.contract import ANN_NODE_HARD_LIMIT
-from share_inspect.render import render_details, render_json
+from share_inspect.render import render_details
+from share_inspect.render import render_json
 from share_inspect.report import build_report
-from share_node.hardlimit import Facts, GpuFacts, decide_support
-from tests.unit.inspect.inspect_cluster import NODES, PODS
+from share_node.hardlimit import Facts
+from share_node.hardlimit import GpuFacts
+from share_node.hardlimit import decide_support
+from tests.unit.inspect.inspect_cluster import NODES
+from tests.unit.inspect.inspect_cluster import PODS
 
 
 def annotated() -> list[dict]:

@@ -7,12 +7,26 @@ import io
 import yaml
 
 from share_core.accounting import node_usage
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM, MemoryUnit
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
 from share_core.gpus import node_gpus
-from share_inspect.cli import LIVE_PODS, main
-from share_inspect.render import render_details, render_json, render_summary, render_yaml
-from share_inspect.report import SCHEMA_VERSION, build_report, report_to_dict
-from tests.unit.inspect.inspect_cluster import NODES, PODS, fake_cluster, gpu, node, pod
+from share_inspect.cli import LIVE_PODS
+from share_inspect.cli import main
+from share_inspect.render import render_details
+from share_inspect.render import render_json
+from share_inspect.render import render_summary
+from share_inspect.render import render_yaml
+from share_inspect.report import SCHEMA_VERSION
+from share_inspect.report import build_report
+from share_inspect.report import report_to_dict
+from tests.unit.inspect.inspect_cluster import NODES
+from tests.unit.inspect.inspect_cluster import PODS
+from tests.unit.inspect.inspect_cluster import fake_cluster
+from tests.unit.inspect.inspect_cluster import gpu
+from tests.unit.inspect.inspect_cluster import node
+from tests.unit.inspect.inspect_cluster import pod
 
 
 def by_name(report):

@@ -7,9 +7,13 @@ import json
 
 from share_core.contract import ANN_NODE_GPU_USAGE
 from share_core.gpuusage import UsageSummary
-from share_inspect.render import render_details, render_json, render_summary
-from share_inspect.report import build_report, report_to_dict
-from tests.unit.inspect.inspect_cluster import NODES, PODS
+from share_inspect.render import render_details
+from share_inspect.render import render_json
+from share_inspect.render import render_summary
+from share_inspect.report import build_report
+from share_inspect.report import report_to_dict
+from tests.unit.inspect.inspect_cluster import NODES
+from tests.unit.inspect.inspect_cluster import PODS
 
 
 def measured_nodes() -> list[dict]:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc

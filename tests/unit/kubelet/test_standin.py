@@ -17,8 +17,11 @@ from share_core.fake import FakeKube
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from tests.kubelet import AdmissionError, KubeletStandIn
-from tests.unit.kubelet.fakeplugin import FIXED_ENV, RESOURCE, FakePlugin
+from tests.kubelet import AdmissionError
+from tests.kubelet import KubeletStandIn
+from tests.unit.kubelet.fakeplugin import FIXED_ENV
+from tests.unit.kubelet.fakeplugin import RESOURCE
+from tests.unit.kubelet.fakeplugin import FakePlugin
 
 RES = RESOURCE
 NODE = "n1"

@@ -6,8 +6,15 @@ from __future__ import annotations
 import random
 
 from share_core.dra import claim_ask
-from share_placement import BinpackPolicy, Demand, GpuSlot, NodeState, SpreadPolicy, make_policy
-from share_placement.draorder import DeviceOrderer, device_order, first_fit
+from share_placement import BinpackPolicy
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import SpreadPolicy
+from share_placement import make_policy
+from share_placement.draorder import DeviceOrderer
+from share_placement.draorder import device_order
+from share_placement.draorder import first_fit
 from tests.controlplane.draworkload import memory_claim
 
 

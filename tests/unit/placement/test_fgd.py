@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from share_placement import Demand, FgdPolicy, GpuSlot, NodeState, TypicalPods, fgd_fragmentation, make_policy
+from share_placement import Demand
+from share_placement import FgdPolicy
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import TypicalPods
+from share_placement import fgd_fragmentation
+from share_placement import make_policy
 
 Key = tuple[int, int, tuple[str, ...], int]
 

@@ -6,9 +6,12 @@ import random
 
 import pytest
 
-from share_placement import Demand, make_policy
-from share_placement.model import NEG_INF, ViewPolicy
-from tests.unit.placement.test_frag_pricing import MODELS, random_gpus
+from share_placement import Demand
+from share_placement import make_policy
+from share_placement.model import NEG_INF
+from share_placement.model import ViewPolicy
+from tests.unit.placement.test_frag_pricing import MODELS
+from tests.unit.placement.test_frag_pricing import random_gpus
 
 
 @pytest.mark.parametrize("name", ["binpack", "spread"])

@@ -7,15 +7,14 @@ import random
 
 import pytest
 
-from share_placement import Demand, FragPolicy
-from tests.unit.placement.test_frag_pricing import (
-    MODELS,
-    first_best,
-    random_gpus,
-    random_table,
-    reference_evaluate,
-    taught,
-)
+from share_placement import Demand
+from share_placement import FragPolicy
+from tests.unit.placement.test_frag_pricing import MODELS
+from tests.unit.placement.test_frag_pricing import first_best
+from tests.unit.placement.test_frag_pricing import random_gpus
+from tests.unit.placement.test_frag_pricing import random_table
+from tests.unit.placement.test_frag_pricing import reference_evaluate
+from tests.unit.placement.test_frag_pricing import taught
 
 
 def single_gpu_table(rng: random.Random, unit: int) -> dict:

@@ -18,17 +18,15 @@ from fractions import Fraction
 
 import pytest
 
-from share_placement import (
-    Demand,
-    FragPolicy,
-    GpuView,
-    WorkloadTable,
-    eligible_positions,
-    fill_ratio,
-    fragmentation,
-    fragmentation_units,
-    group_aggregates,
-)
+from share_placement import Demand
+from share_placement import FragPolicy
+from share_placement import GpuView
+from share_placement import WorkloadTable
+from share_placement import eligible_positions
+from share_placement import fill_ratio
+from share_placement import fragmentation
+from share_placement import fragmentation_units
+from share_placement import group_aggregates
 from share_placement.binpack import best_fit
 from share_placement.frag_pricing import Pricer
 from share_placement.patterns import GapPrices
@@ -479,7 +477,10 @@ def test_without_the_gap_weight_frag_is_frag_alone():
 
 def test_before_any_pod_is_seen_frag_places_as_binpack():
     """docs/policies.md: with nothing learned, frag is best fit (GPU, then node), as binpack is."""
-    from share_placement import GpuSlot, NodeState, best_node, make_policy
+    from share_placement import GpuSlot
+    from share_placement import NodeState
+    from share_placement import best_node
+    from share_placement import make_policy
 
     rng = random.Random(9)
     nodes = [

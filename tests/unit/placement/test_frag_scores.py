@@ -9,11 +9,16 @@ import random
 
 import pytest
 
-from share_placement import Demand, FragPolicy
+from share_placement import Demand
+from share_placement import FragPolicy
 from share_placement import frag_scores as frag_scores_module
-from share_placement.model import NEG_INF, NodeView
+from share_placement.model import NEG_INF
+from share_placement.model import NodeView
 from tests.unit.placement.test_frag_host import single_gpu_table
-from tests.unit.placement.test_frag_pricing import MODELS, random_gpus, random_table, taught
+from tests.unit.placement.test_frag_pricing import MODELS
+from tests.unit.placement.test_frag_pricing import random_gpus
+from tests.unit.placement.test_frag_pricing import random_table
+from tests.unit.placement.test_frag_pricing import taught
 
 
 def one_by_one(policy: FragPolicy, views: list[NodeView], demand: Demand) -> list[float]:

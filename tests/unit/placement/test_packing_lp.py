@@ -11,8 +11,12 @@ from fractions import Fraction
 
 import pytest
 
-from share_placement.patterns import GapPrices, best_pattern, solve_packing_lp
-from tests.unit.sim.test_packing_bound import ROOT, _best_allocation, bound
+from share_placement.patterns import GapPrices
+from share_placement.patterns import best_pattern
+from share_placement.patterns import solve_packing_lp
+from tests.unit.sim.test_packing_bound import ROOT
+from tests.unit.sim.test_packing_bound import _best_allocation
+from tests.unit.sim.test_packing_bound import bound
 
 OPENB = ROOT.parent / "shared" / "data" / "openb"
 

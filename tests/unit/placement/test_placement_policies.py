@@ -7,22 +7,20 @@ import threading
 import pytest
 
 import share_placement as placement
-from share_placement import (
-    BestFitPolicy,
-    BinpackPolicy,
-    Demand,
-    FragPolicy,
-    GpuSlot,
-    NodeState,
-    RandomPolicy,
-    SpreadPolicy,
-    WorkloadTable,
-    best_node,
-    fits,
-    fragmentation,
-    make_policy,
-    node_view,
-)
+from share_placement import BestFitPolicy
+from share_placement import BinpackPolicy
+from share_placement import Demand
+from share_placement import FragPolicy
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import RandomPolicy
+from share_placement import SpreadPolicy
+from share_placement import WorkloadTable
+from share_placement import best_node
+from share_placement import fits
+from share_placement import fragmentation
+from share_placement import make_policy
+from share_placement import node_view
 
 
 def node(name: str, *frees: int, model: str = "A100", total: int = 1000, **kw) -> NodeState:
@@ -280,7 +278,9 @@ def test_score_and_choose_are_evaluate(name):
 
 def test_per_group_sums_update_exactly_when_one_gpu_changes():
     # frag prices each candidate GPU by updating per-group sums instead of recounting the node.
-    from share_placement import fragmentation_from, group_aggregates, shift_aggregates
+    from share_placement import fragmentation_from
+    from share_placement import group_aggregates
+    from share_placement import shift_aggregates
 
     t = WorkloadTable.from_counts(
         {(470, 1, (), 8000): 3.0, (1000, 2, (), 16000): 1.0, (810, 1, ("t4",), 4000): 2.0, (160, 1, (), 0): 1.0}

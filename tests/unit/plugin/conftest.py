@@ -10,7 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tests.unit.plugin.simnode import SimNode, start_node, stop_node
+from tests.unit.plugin.simnode import SimNode
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
 
 
 @pytest.fixture

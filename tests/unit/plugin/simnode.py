@@ -17,15 +17,21 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from share_core.assignment import Assignment
-from share_core.contract import ANN_GPU_COUNT, RESOURCE_MEM, SCHEDULER_NAME, MemoryUnit
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.retry import Backoff
 from share_node.backend import GpuBackend
 from share_node.backend.sim import SimBackend
+from share_plugin.allocator import AllocateOptions
 from share_plugin.allocator import Allocator
+from share_plugin.node import PluginNode
 from share_plugin.podresources import PodResourcesClient
 from share_plugin.publisher import Publisher
-from share_plugin.server import DevicePlugin, PluginConfig
+from share_plugin.server import DevicePlugin
+from share_plugin.server import PluginConfig
 from tests.kubelet import KubeletStandIn
 
 NODE = "n1"
@@ -117,9 +123,8 @@ def start_node(
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock", **kubelet_kw)
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, RESOURCE_MEM) if pod_resources else None
-    allocator = Allocator(
-        NODE, kube, backend, unit, pr, strategy, mps, device_list_strategy=device_list_strategy, mps_pipe_dir=f"{d}/mps"
-    )
+    options = AllocateOptions(strategy, device_list_strategy, mps, mps_pipe_dir=f"{d}/mps")
+    allocator = Allocator(PluginNode(NODE, kube, backend, unit), pr, options)
     config = PluginConfig(
         node=NODE, device_plugin_dir=f"{d}/dp", unit=unit, health_check=health_check, watch_interval=0.05
     )

@@ -10,37 +10,47 @@ from typing import Any
 
 import pytest
 
-from share_core.contract import ANN_NODE_HARD_LIMIT, HARD_LIMIT_AUTO, HARD_LIMIT_CGROUP, HARD_LIMIT_OFF, MemoryUnit
+from share_core.contract import ANN_NODE_HARD_LIMIT
+from share_core.contract import HARD_LIMIT_AUTO
+from share_core.contract import HARD_LIMIT_CGROUP
+from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.retry import Backoff
-from share_node.backend import GpuProcess, GpuReading
+from share_node.backend import GpuProcess
+from share_node.backend import GpuReading
 from share_node.backend.sim import SimBackend
-from share_node.backend.simlimits import SimMemoryLimits, read_state
-from share_node.hardlimit import (
-    LIMIT_MAX,
-    Facts,
-    GpuFacts,
-    HardLimiter,
-    HardLimitError,
-    LimitError,
-    LimitErrorCode,
-    cgroup_populated,
-    check_required,
-    decide_support,
-    find_pod_cgroups,
-    pod_gpu_limits,
-    pod_uid_of_dir,
-    probe,
-    static_problem,
-)
+from share_node.backend.simlimits import SimMemoryLimits
+from share_node.backend.simlimits import read_state
+from share_node.hardlimit import LIMIT_MAX
+from share_node.hardlimit import Facts
+from share_node.hardlimit import GpuFacts
+from share_node.hardlimit import HardLimiter
+from share_node.hardlimit import HardLimitError
+from share_node.hardlimit import LimitError
+from share_node.hardlimit import LimitErrorCode
+from share_node.hardlimit import cgroup_populated
+from share_node.hardlimit import check_required
+from share_node.hardlimit import decide_support
+from share_node.hardlimit import find_pod_cgroups
+from share_node.hardlimit import pod_gpu_limits
+from share_node.hardlimit import pod_uid_of_dir
+from share_node.hardlimit import probe
+from share_node.hardlimit import static_problem
 from share_plugin.allocator import Allocator
 from share_plugin.hardlimit import PluginHardLimit
+from share_plugin.node import PluginNode
 from share_plugin.podresources import PodResourcesClient
 from share_plugin.publisher import Publisher
-from share_plugin.server import DevicePlugin, PluginConfig
-from share_plugin.usage import driver_usage, index_pods, summarize
+from share_plugin.server import DevicePlugin
+from share_plugin.server import PluginConfig
+from share_plugin.usage import driver_usage
+from share_plugin.usage import index_pods
+from share_plugin.usage import summarize
 from tests.kubelet import KubeletStandIn
-from tests.unit.plugin.simnode import NODE, _short_dir, make_pod
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import _short_dir
+from tests.unit.plugin.simnode import make_pod
 
 GIB = 1024**3
 V2 = lambda _path: "cgroup2"  # noqa: E731 - the stand-in's view of a tmp dir: cgroup v2
@@ -351,9 +361,11 @@ def test_hard_limit_set_at_pre_start_before_the_container(tmp_path: Path) -> Non
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock")
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, "nvidia.com/gpu-mem")
-    allocator = Allocator(NODE, kube, backend, MemoryUnit.GiB, pr)
+    allocator = Allocator(PluginNode(NODE, kube, backend, MemoryUnit.GiB), pr)
     limiter, nvml, root = limiter_on(tmp_path, tuple(g.uuid for g in backend.gpus()))
-    hard = PluginHardLimit(NODE, kube, backend, MemoryUnit.GiB, limiter.support, limiter, allocator.pod_of_devices)
+    hard = PluginHardLimit(
+        PluginNode(NODE, kube, backend, MemoryUnit.GiB), limiter.support, limiter, allocator.pod_of_devices
+    )
     config = PluginConfig(node=NODE, device_plugin_dir=f"{d}/dp", watch_interval=0.05, audit_interval=0)
     plugin = DevicePlugin(config, backend, allocator, Publisher(NODE, kube, Backoff(0.05, 0.2)), hard_limit=hard)
     plugin.start()
@@ -393,7 +405,8 @@ def test_hard_limit_metrics_and_usage_annotation_from_the_driver(tmp_path: Path)
     from prometheus_client import generate_latest
 
     from share_plugin.metrics import registry_for
-    from share_plugin.monitor import Monitor, ProcFs
+    from share_plugin.monitor import Monitor
+    from share_plugin.monitor import ProcFs
 
     kube = FakeKube()
     kube.add_node({"metadata": {"name": NODE, "labels": {"gpushare": "true"}}, "status": {"capacity": {}}})
@@ -411,8 +424,8 @@ def test_hard_limit_metrics_and_usage_annotation_from_the_driver(tmp_path: Path)
     (proc / "77").mkdir(parents=True)
     (proc / "77" / "cgroup").write_text(f"0::{path}/abc\n")
     nvml.proc_root = proc
-    hard = PluginHardLimit(NODE, kube, backend, MemoryUnit.GiB, limiter.support, limiter)
-    monitor = Monitor(NODE, backend, kube, MemoryUnit.GiB, proc=ProcFs(str(proc)), hard_limit=hard)
+    hard = PluginHardLimit(PluginNode(NODE, kube, backend, MemoryUnit.GiB), limiter.support, limiter)
+    monitor = Monitor(PluginNode(NODE, kube, backend, MemoryUnit.GiB), proc=ProcFs(str(proc)), hard_limit=hard)
     usage = monitor.poll_once()
     assert usage.driver_pods == {("default", "p"): {0: (GIB, 4 * GIB)}}
     text = generate_latest(registry_for(monitor)).decode()

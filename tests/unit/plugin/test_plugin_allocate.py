@@ -8,10 +8,17 @@ from typing import Any
 import pytest
 
 from share_core.assignment import parse_assignment
-from share_core.contract import ANN_ASSIGNED, MemoryUnit
-from share_core.kube import Conflict, Unavailable
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import MemoryUnit
+from share_core.kube import Conflict
+from share_core.kube import Unavailable
 from tests.kubelet import AdmissionError
-from tests.unit.plugin.simnode import NODE, SimNode, assign, make_pod, start_node, stop_node
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import SimNode
+from tests.unit.plugin.simnode import assign
+from tests.unit.plugin.simnode import make_pod
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
 
 
 def annotations(node: SimNode, name: str) -> dict[str, str]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from share_plugin.cgroups import CgroupRef, parse_cgroup, status_container_id
+from share_plugin.cgroups import CgroupRef
+from share_plugin.cgroups import parse_cgroup
+from share_plugin.cgroups import status_container_id
 
 UID = "0f3c8b6e-5a8d-4b8e-9c1e-2d7f4a6b9e10"
 UID_ = UID.replace("-", "_")

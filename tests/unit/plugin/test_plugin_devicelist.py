@@ -9,18 +9,25 @@ from pathlib import Path
 
 import pytest
 
-from share_core.contract import ANN_NODE_GPUS, MemoryUnit
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.gpus import parse_node_gpus
 from share_core.retry import Backoff
 from share_node.backend.nvml import NvmlBackend
 from share_plugin.allocator import Allocator
 from share_plugin.devices import gpu_infos
+from share_plugin.node import PluginNode
 from share_plugin.publisher import Publisher
-from share_plugin.server import DevicePlugin, PluginConfig
+from share_plugin.server import DevicePlugin
+from share_plugin.server import PluginConfig
 from tests.kubelet.standin import AdmissionError
-from tests.unit.plugin.simnode import make_pod, start_node, stop_node
-from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml, mig_a100
+from tests.unit.plugin.simnode import make_pod
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
+from tests.unit.plugin.test_plugin_nvml import FakeDevice
+from tests.unit.plugin.test_plugin_nvml import fake_pynvml
+from tests.unit.plugin.test_plugin_nvml import mig_a100
 
 GIB = 1024**3
 
@@ -116,7 +123,7 @@ def test_mig_instances_are_published_and_a_new_layout_republished(
     kube = FakeKube()
     kube.add_node({"metadata": {"name": "n1"}, "status": {"capacity": {}}})
     publisher = Publisher("n1", kube, Backoff(initial=0.01, maximum=0.05))
-    allocator = Allocator("n1", kube, backend, MemoryUnit.GiB, None)
+    allocator = Allocator(PluginNode("n1", kube, backend, MemoryUnit.GiB), None)
     plugin = DevicePlugin(PluginConfig("n1", str(tmp_path), health_check=False), backend, allocator, publisher)
     publisher.start()
     try:

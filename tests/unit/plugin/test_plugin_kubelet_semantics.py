@@ -13,7 +13,11 @@ import pytest
 from share_core.assignment import parse_assignment
 from share_core.contract import ANN_ASSIGNED
 from tests.kubelet import AdmissionError
-from tests.unit.plugin.simnode import NODE, SimNode, make_pod, start_node, stop_node
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import SimNode
+from tests.unit.plugin.simnode import make_pod
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
 
 
 def cpu_rejects(*names: str):

@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import time
 
-from share_core.contract import ANN_NODE_GPUS, DEVICE_PLUGIN_API_VERSION, RESOURCE_COUNT, device_id
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import DEVICE_PLUGIN_API_VERSION
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import device_id
 from share_core.gpus import parse_node_gpus
-from tests.unit.plugin.simnode import NODE, start_node, stop_node
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import start_node
+from tests.unit.plugin.simnode import stop_node
 
 
 def test_registers_and_lists_64_devices_for_4_t4(sim_node):

@@ -6,19 +6,32 @@ import threading
 
 import pytest
 
-from share_core.contract import MemoryUnit, device_id
+from share_core.contract import MemoryUnit
+from share_core.contract import device_id
 from share_core.fake import FakeKube
 from share_core.kube import Unavailable
 from share_core.retry import Backoff
 from share_node.backend import Gpu
-from share_node.backend.nvml import DEFAULT_IGNORED_XIDS, parse_xids
-from share_node.backend.sim import SimBackend, parse_sim_gpus, sim_uuid
+from share_node.backend.nvml import DEFAULT_IGNORED_XIDS
+from share_node.backend.nvml import parse_xids
+from share_node.backend.sim import SimBackend
+from share_node.backend.sim import parse_sim_gpus
+from share_node.backend.sim import sim_uuid
 from share_plugin.api import podresources_v1_pb2 as prpb
-from share_plugin.devices import KUBELET_MAX_RECV_BYTES, DeviceListTooLarge, check_message_size, device_list, gpu_infos
-from share_plugin.matcher import AllocationError, container_env, match_allocation, runs_without_gpu
+from share_plugin.devices import KUBELET_MAX_RECV_BYTES
+from share_plugin.devices import DeviceListTooLarge
+from share_plugin.devices import check_message_size
+from share_plugin.devices import device_list
+from share_plugin.devices import gpu_infos
+from share_plugin.matcher import AllocationError
+from share_plugin.matcher import container_env
+from share_plugin.matcher import match_allocation
+from share_plugin.matcher import runs_without_gpu
 from share_plugin.podresources import view_from_response
 from share_plugin.publisher import Publisher
-from tests.unit.plugin.simnode import NODE, assign, make_pod
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import assign
+from tests.unit.plugin.simnode import make_pod
 
 GPUS = [Gpu(i, f"GPU-{i}", "Tesla T4", 16 * 1024**3, i) for i in range(2)]
 

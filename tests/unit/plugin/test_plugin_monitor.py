@@ -14,22 +14,25 @@ import pytest
 from prometheus_client import generate_latest
 
 from share_core.assignment import Assignment
-from share_core.contract import (
-    ANN_NODE_GPU_USAGE,
-    EVENT_OVER_LIMIT,
-    EVENT_OVER_LIMIT_KILLED,
-    RESOURCE_MEM,
-    SCHEDULER_NAME,
-    MemoryUnit,
-)
+from share_core.contract import ANN_NODE_GPU_USAGE
+from share_core.contract import EVENT_OVER_LIMIT
+from share_core.contract import EVENT_OVER_LIMIT_KILLED
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
+from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.gpuusage import parse_gpu_usage
 from share_node.backend.nvml import NvmlBackend
 from share_plugin.cgroups import CgroupRef
 from share_plugin.metrics import registry_for
-from share_plugin.monitor import Killer, Monitor, ProcFs
+from share_plugin.monitor import Killer
+from share_plugin.monitor import Monitor
+from share_plugin.monitor import ProcFs
+from share_plugin.node import PluginNode
 from share_plugin.usage import OverLimitMode
-from tests.unit.plugin.test_plugin_nvml import FakeDevice, fake_pynvml, mig_a100
+from tests.unit.plugin.test_plugin_nvml import FakeDevice
+from tests.unit.plugin.test_plugin_nvml import fake_pynvml
+from tests.unit.plugin.test_plugin_nvml import mig_a100
 
 GIB = 1024**3
 MIB = 1024**2
@@ -144,10 +147,7 @@ def node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> types.SimpleNamespa
 
 def monitor(n: types.SimpleNamespace, mode: OverLimitMode = OverLimitMode.WARN, grace: float = 30.0) -> Monitor:
     return Monitor(
-        NODE,
-        n.backend,
-        n.kube,
-        MemoryUnit.GiB,
+        PluginNode(NODE, n.kube, n.backend, MemoryUnit.GiB),
         mode=mode,
         grace=grace,
         proc=n.proc,
@@ -288,7 +288,9 @@ def test_kill_ends_real_processes_of_that_container_only(node: types.SimpleNames
         node.proc.put(bystander.pid, v2_containerd(pods["within"]["metadata"]["uid"], 1))
         MIG_A.processes = [(offender.pid, 5 * GIB)]
         H100.processes = [(bystander.pid, 7 * GIB)]
-        m = Monitor(NODE, node.backend, node.kube, MemoryUnit.GiB, OverLimitMode.KILL, grace=0, proc=node.proc)
+        m = Monitor(
+            PluginNode(NODE, node.kube, node.backend, MemoryUnit.GiB), OverLimitMode.KILL, grace=0, proc=node.proc
+        )
         m.poll_once()
         assert offender.wait(5) == -9
         assert bystander.poll() is None

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from share_plugin.mps import CONTROL, control_problem
+from share_plugin.mps import CONTROL
+from share_plugin.mps import control_problem
 from tests.unit.plugin.simnode import listen_like_mps_control
 
 

@@ -10,7 +10,8 @@ import queue
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 import pytest
 

@@ -9,15 +9,24 @@ from concurrent import futures
 import grpc
 import pytest
 
-from share_core.contract import EVENT_ALLOCATE_REFUSED, EVENT_RUNS_WITHOUT_GPU, RESOURCE_MEM, MemoryUnit, device_id
+from share_core.contract import EVENT_ALLOCATE_REFUSED
+from share_core.contract import EVENT_RUNS_WITHOUT_GPU
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import MemoryUnit
+from share_core.contract import device_id
 from share_core.fake import FakeKube
 from share_node.backend.sim import SimBackend
 from share_plugin.allocator import Allocator
 from share_plugin.api import podresources_v1_pb2 as prpb
 from share_plugin.api import podresources_v1_pb2_grpc as prgrpc
-from share_plugin.matcher import AllocationError, PodResourcesView
-from share_plugin.podresources import PodResourcesClient, PodResourcesUnavailable
-from tests.unit.plugin.simnode import NODE, assign, make_pod
+from share_plugin.matcher import AllocationError
+from share_plugin.matcher import PodResourcesView
+from share_plugin.node import PluginNode
+from share_plugin.podresources import PodResourcesClient
+from share_plugin.podresources import PodResourcesUnavailable
+from tests.unit.plugin.simnode import NODE
+from tests.unit.plugin.simnode import assign
+from tests.unit.plugin.simnode import make_pod
 
 
 class StaticView:
@@ -32,7 +41,7 @@ class StaticView:
 
 def allocator(kube: FakeKube, view: PodResourcesView) -> tuple[Allocator, SimBackend]:
     backend = SimBackend("2xT4:16GiB", NODE)
-    return Allocator(NODE, kube, backend, MemoryUnit.GiB, StaticView(view)), backend
+    return Allocator(PluginNode(NODE, kube, backend, MemoryUnit.GiB), StaticView(view)), backend
 
 
 def ids(backend: SimBackend, n: int) -> list[str]:
@@ -59,7 +68,9 @@ def test_audit_reports_pods_started_without_allocate_once():
     assign(pod, [0], [backend.gpus()[0].uuid], 2, 1)
     pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "m", "state": {"running": {}}}]}
     kube.add_pod(pod)
-    alloc = Allocator(NODE, kube, backend, MemoryUnit.GiB, StaticView({("default", "late"): {"m": frozenset()}}))
+    alloc = Allocator(
+        PluginNode(NODE, kube, backend, MemoryUnit.GiB), StaticView({("default", "late"): {"m": frozenset()}})
+    )
     assert alloc.audit() == 1 and alloc.audit() == 1
     assert [(e["pod"], e["reason"]) for e in kube.events] == [("late", EVENT_RUNS_WITHOUT_GPU)]
     assert "delete the pod" in kube.events[0]["message"]
@@ -112,7 +123,9 @@ def test_pod_admitted_again_by_a_restarted_kubelet_is_served_again():
     pod = make_pod("again", [("m", 2)])
     assign(pod, [0], [backend.gpus()[0].uuid], 2, 1)
     kube.add_pod(pod)
-    alloc = Allocator(NODE, kube, backend, MemoryUnit.GiB, StaticView({("default", "again"): {"m": frozenset()}}))
+    alloc = Allocator(
+        PluginNode(NODE, kube, backend, MemoryUnit.GiB), StaticView({("default", "again"): {"m": frozenset()}})
+    )
     alloc.allocate(ids(backend, 2))
     with pytest.raises(AllocationError, match="no pod to serve"):
         alloc.allocate(ids(backend, 2))  # the same kubelet: that pod was served, it is not admitting

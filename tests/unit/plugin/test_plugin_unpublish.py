@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from share_core.contract import ANN_NODE_GPUS, RESOURCE_COUNT, RESOURCE_MEM
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import RESOURCE_COUNT
+from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_plugin.publisher import unpublish
 

@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from share_core.accounting import node_usage
 from share_core.assignment import pod_node
-from share_core.contract import (
-    ANN_ASSIGNED,
-    ANN_GPU_COUNT,
-    ANN_GPU_INDEX,
-    ANN_GPU_MEM,
-    ANN_GPU_MODEL,
-    ANN_GPU_UUID,
-    ANN_NODE_GPUS,
-    EXTENDER_PREFIX,
-    RESOURCE_MEM,
-)
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_INDEX
+from share_core.contract import ANN_GPU_MEM
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import ANN_GPU_UUID
+from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import EXTENDER_PREFIX
+from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_core.gpus import node_gpus
 from share_core.retry import Backoff

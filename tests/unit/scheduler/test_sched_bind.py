@@ -11,18 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from share_core.contract import ANN_GPU_INDEX
 from share_core.fake import FakeKube
-from share_core.kube import Gone, KubeError, Unavailable
-from tests.unit.scheduler.conftest import (
-    HOST,
-    bind_args,
-    capacity,
-    filter_args,
-    make_node,
-    make_pod,
-    schedule,
-    truth,
-    wait_until,
-)
+from share_core.kube import Gone
+from share_core.kube import KubeError
+from share_core.kube import Unavailable
+from tests.unit.scheduler.conftest import HOST
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import capacity
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import schedule
+from tests.unit.scheduler.conftest import truth
+from tests.unit.scheduler.conftest import wait_until
 
 
 def over_committed(kube: FakeKube) -> list[str]:

@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 import yaml
 
-from share_scheduler.cli import build_parser, main
+from share_scheduler.cli import build_parser
+from share_scheduler.cli import main
 from share_scheduler.config import scheduler_config
 
 # Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1 types.go) that we use;

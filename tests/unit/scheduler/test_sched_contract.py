@@ -7,8 +7,17 @@ import json
 import orjson
 import pytest
 
-from share_core.contract import ANN_ASSIGNED, ANN_GPU_INDEX, ANN_GPU_MEM, ANN_GPU_UUID, RESOURCE_MEM
-from tests.unit.scheduler.conftest import PREFIX, assigned_pod, bind_args, filter_args, make_node, make_pod
+from share_core.contract import ANN_ASSIGNED
+from share_core.contract import ANN_GPU_INDEX
+from share_core.contract import ANN_GPU_MEM
+from share_core.contract import ANN_GPU_UUID
+from share_core.contract import RESOURCE_MEM
+from tests.unit.scheduler.conftest import PREFIX
+from tests.unit.scheduler.conftest import assigned_pod
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
 
 # What kube-scheduler's HTTPExtender marshals for filter with nodeCacheCapable: a full v1.Pod under
 # the Go field name "Pod", "Nodes": null, "NodeNames": [...].
@@ -324,7 +333,8 @@ GO_FILTER = orjson.dumps(json.loads(KUBE_SCHEDULER_FILTER))
 
 
 def test_go_layout_takes_the_short_path_and_answers_the_same(cluster):
-    from share_scheduler.extender import NodeNameList, parse_extender_request
+    from share_scheduler.extender import NodeNameList
+    from share_scheduler.extender import parse_extender_request
 
     assert isinstance(parse_extender_request(GO_FILTER).node_names, NodeNameList)
     assert not isinstance(parse_extender_request(KUBE_SCHEDULER_FILTER.encode()).node_names, NodeNameList)
@@ -359,7 +369,8 @@ def test_node_name_list_answers_as_the_decoded_list():
     names, names that are not node names, and a pod whose annotation spells the NodeNames key."""
     import random
 
-    from share_scheduler.extender import NodeNameList, parse_extender_request
+    from share_scheduler.extender import NodeNameList
+    from share_scheduler.extender import parse_extender_request
 
     rng = random.Random(3)
     tricky = ["", "node-1", "node-10", "Node-1", 'node-1","node-2', "node-", "ノード", "node-1 ", ".", "-"]

@@ -15,8 +15,12 @@ from share_core.fake import FakeKube
 from share_scheduler.cache import ClusterCache
 from share_scheduler.service import Extender
 from share_scheduler.syncer import DRA_KINDS
-from tests.controlplane.draworkload import gpu_slice, memory_claim
-from tests.unit.scheduler.conftest import fast_backoff, filter_args, make_node, wait_until
+from tests.controlplane.draworkload import gpu_slice
+from tests.controlplane.draworkload import memory_claim
+from tests.unit.scheduler.conftest import fast_backoff
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import wait_until
 
 SLICES, CLAIMS = DRA_KINDS["resourceslices"], DRA_KINDS["resourceclaims"]
 

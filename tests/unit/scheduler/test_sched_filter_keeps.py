@@ -9,7 +9,12 @@ import random
 import pytest
 
 from share_core.contract import ANN_GPU_INDEX
-from tests.unit.scheduler.conftest import assigned_pod, bind_args, filter_args, make_node, make_pod, wait_until
+from tests.unit.scheduler.conftest import assigned_pod
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import wait_until
 
 
 @pytest.fixture

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from share_core.contract import ANN_GPU_INDEX, ANN_GPU_MEM
+from share_core.contract import ANN_GPU_INDEX
+from share_core.contract import ANN_GPU_MEM
 from share_placement import make_policy
-from tests.unit.scheduler.conftest import bind_args, filter_args, make_node, make_pod, wait_until
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import wait_until
 
 
 def _distribution(policy) -> dict[tuple[int, int], float]:

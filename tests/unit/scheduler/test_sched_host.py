@@ -6,10 +6,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from share_core.assignment import pod_is_finished, pod_node
+from share_core.assignment import pod_is_finished
+from share_core.assignment import pod_node
 from share_core.contract import ANN_GPU_INDEX
 from share_core.podresources import pod_host_request
-from tests.unit.scheduler.conftest import bind_args, filter_args, make_node, make_pod, wait_until
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import wait_until
 
 GI = 2**30
 

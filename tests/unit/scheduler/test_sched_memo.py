@@ -7,11 +7,17 @@ import random
 import pytest
 
 from share_core.gpus import GpuInfo
-from share_placement import Demand, make_policy
+from share_placement import Demand
+from share_placement import make_policy
 from share_scheduler.cache import ClusterCache
-from share_scheduler.extender import ScoreMemo, filter_nodes, prioritize
+from share_scheduler.extender import ScoreMemo
+from share_scheduler.extender import filter_nodes
+from share_scheduler.extender import prioritize
 from share_scheduler.nodes import Contribution
-from tests.unit.scheduler.conftest import assigned_pod, filter_args, make_node, make_pod
+from tests.unit.scheduler.conftest import assigned_pod
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
 
 
 def holder(name: str, node: str, gpu: int, mem: int) -> dict:
@@ -198,8 +204,10 @@ def test_best_node_index_answers_as_scoring_every_node_does(short_logs, monkeypa
     import threading
 
     from share_scheduler import cache as cache_module
-    from share_scheduler.bestnodes import BestNodeIndex, _StateGroups
-    from share_scheduler.extender import best_nodes, policy_scores
+    from share_scheduler.bestnodes import BestNodeIndex
+    from share_scheduler.bestnodes import _StateGroups
+    from share_scheduler.extender import best_nodes
+    from share_scheduler.extender import policy_scores
 
     if short_logs:
         monkeypatch.setattr(cache_module, "CHANGE_LOG_LIMIT", 12)

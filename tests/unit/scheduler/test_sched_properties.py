@@ -4,13 +4,21 @@ answer well-formed, and random bind sequences never over-commit a GPU nor let th
 from __future__ import annotations
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
 from hypothesis import strategies as st
 
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, EXTENDER_PREFIX, RESOURCE_MEM
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import EXTENDER_PREFIX
+from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
-from tests.unit.scheduler.conftest import capacity, make_node, make_pod, truth
+from tests.unit.scheduler.conftest import capacity
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import truth
 
 NODES = ["a", "b", "c", "d"]
 

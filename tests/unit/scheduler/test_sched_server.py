@@ -15,7 +15,8 @@ from share_core.contract import EXTENDER_PREFIX
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
 from share_scheduler.server import ExtenderServer
-from tests.unit.scheduler.conftest import make_node, make_pod
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
 
 
 @pytest.fixture

@@ -10,8 +10,14 @@ from share_core.assignment import parse_assignment
 from share_core.contract import EXTENDER_PREFIX
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
-from share_scheduler.service import NOT_SYNCED, Extender
-from tests.unit.scheduler.conftest import bind_args, fast_backoff, filter_args, make_node, make_pod, wait_until
+from share_scheduler.service import NOT_SYNCED
+from share_scheduler.service import Extender
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import fast_backoff
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import wait_until
 
 
 def body(obj: object) -> bytes:

@@ -10,8 +10,10 @@ import pytest
 from share_core.fake import FakeKube
 from share_core.kube import Unavailable
 from share_scheduler.cache import ClusterCache
-from share_scheduler.syncer import Syncer, collection_paused
-from tests.unit.scheduler.conftest import make_node, make_pod
+from share_scheduler.syncer import Syncer
+from share_scheduler.syncer import collection_paused
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from share_scheduler.sim import cli, variants
+from share_scheduler.sim import cli
+from share_scheduler.sim import variants
 from share_scheduler.sim.workload import load_openb
 
 OPENB = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openb"

@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from share_scheduler.sim.engine import arrivals_until, build_policy, run_policy, simulate
-from share_scheduler.sim.workload import SimNode, SimPod, Workload
+from share_scheduler.sim.engine import arrivals_until
+from share_scheduler.sim.engine import build_policy
+from share_scheduler.sim.engine import run_policy
+from share_scheduler.sim.engine import simulate
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,15 +9,20 @@ from pathlib import Path
 import pytest
 
 import share_placement as placement
-from share_placement import BinpackPolicy, Demand, GpuSlot, NodeState, node_view
-from share_scheduler.sim import cli, engine
-from share_scheduler.sim.engine import build_policy, run_policy, simulate
-from share_scheduler.sim.workload import (
-    Workload,
-    WorkloadError,
-    load_openb,
-    load_yaml,
-)
+from share_placement import BinpackPolicy
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import node_view
+from share_scheduler.sim import cli
+from share_scheduler.sim import engine
+from share_scheduler.sim.engine import build_policy
+from share_scheduler.sim.engine import run_policy
+from share_scheduler.sim.engine import simulate
+from share_scheduler.sim.workload import Workload
+from share_scheduler.sim.workload import WorkloadError
+from share_scheduler.sim.workload import load_openb
+from share_scheduler.sim.workload import load_yaml
 
 EXAMPLE = Path(engine.__file__).parent / "examples" / "inference-cluster.yaml"
 OPENB = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openb"

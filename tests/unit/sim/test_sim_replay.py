@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from share_placement import make_policy
 from share_scheduler.sim.engine import simulate
-from share_scheduler.sim.workload import SimNode, SimPod, Workload
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
 
 NODES = (
     SimNode("n0", "T4", (1000, 1000), cpu=8000, memory=64_000),

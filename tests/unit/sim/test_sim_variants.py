@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from share_scheduler.sim import cli, variants
+from share_scheduler.sim import cli
+from share_scheduler.sim import variants
 from share_scheduler.sim.engine import run_policy
 from share_scheduler.sim.workload import load_openb
 

@@ -9,10 +9,18 @@ from typing import Any
 import orjson
 import pytest
 
-from share_core.admission import ClusterGpus, asks_gpu_mem, choose_scheduler, invalid_request_message, review
-from share_core.contract import ANN_GPU_COUNT, ANN_GPU_MODEL, RESOURCE_MEM, SCHEDULER_NAME
+from share_core.admission import ClusterGpus
+from share_core.admission import asks_gpu_mem
+from share_core.admission import choose_scheduler
+from share_core.admission import invalid_request_message
+from share_core.admission import review
+from share_core.contract import ANN_GPU_COUNT
+from share_core.contract import ANN_GPU_MODEL
+from share_core.contract import RESOURCE_MEM
+from share_core.contract import SCHEDULER_NAME
 from share_core.gpus import GpuInfo
-from share_core.request import InvalidRequest, pod_request
+from share_core.request import InvalidRequest
+from share_core.request import pod_request
 from share_webhook import review as rv
 
 

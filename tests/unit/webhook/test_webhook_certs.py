@@ -13,7 +13,8 @@ from cryptography import x509
 
 from share_core.kube import Conflict
 from share_webhook import certs
-from share_webhook.keeper import CertKeeper, ClusterView
+from share_webhook.keeper import CertKeeper
+from share_webhook.keeper import ClusterView
 
 NAMES = certs.service_names("gpushare-webhook", "gpushare-system")
 

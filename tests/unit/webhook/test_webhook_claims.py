@@ -8,7 +8,8 @@ from typing import Any
 
 import orjson
 
-from share_core.admission import choose_scheduler, other_scheduler
+from share_core.admission import choose_scheduler
+from share_core.admission import other_scheduler
 from share_core.fake import FakeKube
 from share_core.kube import KubeError
 from share_webhook import review

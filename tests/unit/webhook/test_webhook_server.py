@@ -17,8 +17,10 @@ import orjson
 import pytest
 
 from share_core.contract import RESOURCE_MEM
-from share_webhook import certs, review
-from share_webhook.server import WebhookMetrics, WebhookServer
+from share_webhook import certs
+from share_webhook import review
+from share_webhook.server import WebhookMetrics
+from share_webhook.server import WebhookServer
 
 
 def admission_review(uid: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> bytes:
