@@ -120,7 +120,6 @@ class FgdPolicy(ViewPolicy):
         self.popularity = popularity
         self._lock = threading.Lock()
         self._classes = ObservedClasses()
-        self._dirty = False
         self._typical = TypicalPods((), 0.0, 0)
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
@@ -134,21 +133,18 @@ class FgdPolicy(ViewPolicy):
             demand.cpu,
         )
         with self._lock:
-            if self._classes.add(key):
-                self._dirty = True
+            self._classes.add(key)
 
     @property
     def typical(self) -> TypicalPods:
         """The current target workload (rebuilt lazily after observe())."""
-        if self._dirty:
-            with self._lock:
-                if self._dirty:
-                    self._typical = TypicalPods.from_counts(self._classes.counts, self.popularity)
-                    self._classes.rebuilt()
-                    self._memo = {}
-                    self._eval_memo = {}
-                    self._dirty = False
+        self._classes.refresh(self._lock, self._rebuild)
         return self._typical
+
+    def _rebuild(self, counts: dict[ClassKey, float]) -> None:
+        self._typical = TypicalPods.from_counts(counts, self.popularity)
+        self._memo = {}
+        self._eval_memo = {}
 
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
         key = (tuple(sorted(gpus)), cpu_free)

@@ -40,6 +40,7 @@ from share_placement.model import ViewPolicy
 from share_placement.model import eligible_positions
 from share_placement.model import model_allowed
 from share_placement.workload import Aggregates
+from share_placement.workload import ClassKey
 from share_placement.workload import ObservedClasses
 from share_placement.workload import WorkloadTable
 from share_placement.workload import fill_ratio
@@ -81,7 +82,6 @@ class FragPolicy(ViewPolicy):
         self._lock = threading.Lock()
         self._classes = ObservedClasses()
         self._groups: set[tuple[tuple[str, ...], int, int]] = set()  # (models, per_gpu, count) observed
-        self._dirty = False
         self._table = WorkloadTable((), 0)
         self._pricer = Pricer(self._table, self._wa, self._wb, self._gap_w, gpu_unit)
         self._pressure: dict[str, float] = {}
@@ -110,9 +110,8 @@ class FragPolicy(ViewPolicy):
                     # any count is until the next refresh (re-pricing 5,000 node states for it would
                     # cost the next filter ~100 ms).
                     self._groups.add(group)
-                    self._dirty = True
-            if self._classes.add(key):
-                self._dirty = True
+                    self._classes.stale = True
+            self._classes.add(key)
             if demand.count == 1:
                 ask = (demand.per_gpu, demand.cpu, demand.memory)
                 self._share_asks[ask] = self._share_asks.get(ask, 0) + 1
@@ -124,32 +123,28 @@ class FragPolicy(ViewPolicy):
         with self._lock:
             if units != self.gpu_unit:
                 self.gpu_unit = units
-                self._dirty = True
+                self._classes.stale = True
 
     @property
     def table(self) -> WorkloadTable:
         """The current snapshot of the learned workload (rebuilt lazily after observe())."""
-        if self._dirty:
-            with self._lock:
-                if self._dirty:
-                    table = WorkloadTable.from_counts(self._classes.counts)
-                    pricer = Pricer(table, self._wa, self._wb, self._gap_w, self.gpu_unit)
-                    if [(g.models, g.per_gpu) for g in table.groups] != [
-                        (g.models, g.per_gpu) for g in self._table.groups
-                    ]:
-                        self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
-                    if pricer.keys != self._pricer.keys:
-                        self._sums_memo = {}
-                    if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
-                        pricer.node_sigs = self._pricer.node_sigs  # the nodes' room positions stand
-                    self._table, self._pricer = table, pricer
-                    self._classes.rebuilt()
-                    self._pressure = {}
-                    self._memo = {}
-                    self._eval_memo = {}
-                    self._eval_size = 0
-                    self._dirty = False
+        self._classes.refresh(self._lock, self._rebuild)
         return self._table
+
+    def _rebuild(self, counts: dict[ClassKey, float]) -> None:
+        table = WorkloadTable.from_counts(counts)
+        pricer = Pricer(table, self._wa, self._wb, self._gap_w, self.gpu_unit)
+        if [(g.models, g.per_gpu) for g in table.groups] != [(g.models, g.per_gpu) for g in self._table.groups]:
+            self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
+        if pricer.keys != self._pricer.keys:
+            self._sums_memo = {}
+        if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
+            pricer.node_sigs = self._pricer.node_sigs  # the nodes' room positions stand
+        self._table, self._pricer = table, pricer
+        self._pressure = {}
+        self._memo = {}
+        self._eval_memo = {}
+        self._eval_size = 0
 
     def host_needs(self) -> dict[int, tuple[int, int]]:
         """Per single-GPU size: the `host_quantile` of its pods' CPU asks and of their memory asks

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -83,24 +85,34 @@ TABLE_REFRESH = 0.02
 
 
 class ObservedClasses:
-    """The pods a learning policy (frag, fgd) has observed, per class, and whether the table it built from
-    them is stale. Not locked: the policy's lock covers it together with the table it rebuilds."""
+    """The pods a learning policy (frag, fgd) has observed, per class, and the table it learns from them,
+    rebuilt lazily: observe() stays O(1), and the first reader after the counts have grown by TABLE_REFRESH
+    (or the policy called the table stale) rebuilds it once."""
 
-    __slots__ = ("at_rebuild", "counts", "observed")
+    __slots__ = ("at_rebuild", "counts", "observed", "stale")
 
     def __init__(self) -> None:
         self.counts: dict[ClassKey, float] = {}
         self.observed = 0
         self.at_rebuild = 0  # `observed` when the table was last rebuilt
+        self.stale = False
 
-    def add(self, key: ClassKey) -> bool:
-        """Count one pod of class `key`; True when the count has grown enough to rebuild the table."""
+    def add(self, key: ClassKey) -> None:
+        """Count one pod of class `key` (under the policy's lock)."""
         self.counts[key] = self.counts.get(key, 0.0) + 1.0
         self.observed += 1
-        return self.observed >= (1.0 + TABLE_REFRESH) * max(self.at_rebuild, 1)
+        if self.observed >= (1.0 + TABLE_REFRESH) * max(self.at_rebuild, 1):
+            self.stale = True
 
-    def rebuilt(self) -> None:
-        self.at_rebuild = self.observed
+    def refresh(self, lock: threading.Lock, rebuild: Callable[[dict[ClassKey, float]], None]) -> None:
+        """Call `rebuild(counts)` if the table is stale, once, under `lock`; a fresh table costs readers no
+        lock."""
+        if self.stale:
+            with lock:
+                if self.stale:
+                    rebuild(self.counts)
+                    self.at_rebuild = self.observed
+                    self.stale = False
 
 
 # Per class group: (GPUs with room for one share, their free capacity, shares of one GPU they hold).
