@@ -77,24 +77,32 @@ ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MPS_LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 DEFAULT_MPS_PIPE_DIR = "/run/gpushare/mps"
 
-# Device list strategies (--device-list-strategy), as NVIDIA's device plugin names them.
-DEVICE_LIST_ENVVAR = "envvar"
-DEVICE_LIST_VOLUME_MOUNTS = "volume-mounts"
-DEVICE_LIST_CDI_CRI = "cdi-cri"
-DEVICE_LIST_STRATEGIES = (DEVICE_LIST_ENVVAR, DEVICE_LIST_VOLUME_MOUNTS, DEVICE_LIST_CDI_CRI)
+
+class DeviceListStrategy(enum.StrEnum):
+    """How a container is told its GPUs (--device-list-strategy), as NVIDIA's device plugin names them."""
+
+    ENVVAR = "envvar"
+    VOLUME_MOUNTS = "volume-mounts"
+    CDI_CRI = "cdi-cri"
+
+
+DEVICE_LIST_STRATEGIES = tuple(DeviceListStrategy)
 # volume-mounts: the NVIDIA container toolkit reads the device list from mounts under this directory
 # (mounted from /dev/null) instead of NVIDIA_VISIBLE_DEVICES, which a pod can set itself.
 VISIBLE_DEVICES_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 # cdi-cri: fully qualified CDI names of the devices the NVIDIA toolkit's CDI spec (nvidia-ctk cdi generate) defines.
 CDI_NVIDIA_GPU_KIND = "nvidia.com/gpu"
 
-# --hard-limit: the NVIDIA driver's per-cgroup GPU memory limit (nvmlDeviceSetMemoryLimits_v1, R615+).
-# auto: where the node supports it, else say why and go on without; cgroup: required (the agent refuses to
-# start without it); off: never.
-HARD_LIMIT_AUTO = "auto"
-HARD_LIMIT_CGROUP = "cgroup"
-HARD_LIMIT_OFF = "off"
-HARD_LIMIT_MODES = (HARD_LIMIT_AUTO, HARD_LIMIT_CGROUP, HARD_LIMIT_OFF)
+
+class HardLimitMode(enum.StrEnum):
+    """--hard-limit: the NVIDIA driver's per-cgroup GPU memory limit (nvmlDeviceSetMemoryLimits_v1, R615+)."""
+
+    AUTO = "auto"  # where the node supports it; else say why and go on without
+    CGROUP = "cgroup"  # required: the agent refuses to start without it
+    OFF = "off"
+
+
+HARD_LIMIT_MODES = tuple(HardLimitMode)
 HARD_LIMIT_MIN_DRIVER = (615,)  # the first driver branch with nvmlDeviceSetMemoryLimits_v1
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v2's mount; NVML takes a pod cgroup's full path below it
 

@@ -21,10 +21,9 @@ from decimal import InvalidOperation
 from typing import Any
 
 from share_core.contract import CDI_NVIDIA_GPU_KIND
-from share_core.contract import DEVICE_LIST_CDI_CRI
-from share_core.contract import DEVICE_LIST_ENVVAR
 from share_core.contract import DRA_CDI_KIND
 from share_core.contract import DRA_DRIVER_NAME
+from share_core.contract import DeviceListStrategy
 from share_core.contract import MemoryUnit
 from share_core.contract import dra_cdi_device
 from share_core.contract import dra_device_name
@@ -226,7 +225,7 @@ def prepare(
         pod_units=sum(gpu_limits) // unit.mib,
         unit=unit,
         device_id_strategy=device_id_strategy,
-        device_list_strategy=DEVICE_LIST_CDI_CRI if via_cdi else DEVICE_LIST_ENVVAR,
+        device_list_strategy=DeviceListStrategy.CDI_CRI if via_cdi else DeviceListStrategy.ENVVAR,
     )
     env_list = [f"{k}={v}" for k, v in sorted(env.items())]
     cdi_devices = []

@@ -8,7 +8,7 @@ import logging
 import threading
 
 from share_core.contract import ANN_NODE_HARD_LIMIT
-from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import HardLimitMode
 from share_core.kube import KubeClient
 from share_core.kube import KubeError
 from share_core.kube import now_rfc3339
@@ -38,7 +38,7 @@ def setup(mode: str, args: argparse.Namespace, node: str, backend: GpuBackend) -
 
 def publish(support: Support, node: str, kube: KubeClient) -> None:
     """Once per start: the log line and the node annotation `kubectl inspect gpushare` shows."""
-    level = logging.INFO if support.enforced or support.mode == HARD_LIMIT_OFF else logging.WARNING
+    level = logging.INFO if support.enforced or support.mode == HardLimitMode.OFF else logging.WARNING
     log.log(
         level,
         "node %s: hard GPU memory limit (--hard-limit %s) %s: %s",

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from share_core.contract import DEFAULT_MPS_PIPE_DIR
-from share_core.contract import DEVICE_LIST_ENVVAR
-from share_core.contract import DEVICE_LIST_VOLUME_MOUNTS
 from share_core.contract import ENV_ALIYUN_CONTAINER
 from share_core.contract import ENV_ALIYUN_DEV
 from share_core.contract import ENV_ALIYUN_IDX
@@ -23,6 +21,7 @@ from share_core.contract import ENV_MPS_PINNED_LIMIT
 from share_core.contract import ENV_MPS_PIPE_DIRECTORY
 from share_core.contract import ENV_VISIBLE_DEVICES
 from share_core.contract import VISIBLE_DEVICES_MOUNT_ROOT
+from share_core.contract import DeviceListStrategy
 from share_core.contract import MemoryUnit
 from share_node.backend import Gpu
 
@@ -49,7 +48,7 @@ def gpu_env(
     unit: MemoryUnit,
     device_id_strategy: str = "uuid",
     mps: bool = False,
-    device_list_strategy: str = DEVICE_LIST_ENVVAR,
+    device_list_strategy: str = DeviceListStrategy.ENVVAR,
     mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR,
 ) -> dict[str, str]:
     """The env of a container given `gpus` with `limit_mib` MiB of each (the device plugin's Allocate and
@@ -69,9 +68,9 @@ def gpu_env(
         ENV_ALIYUN_IDX: ",".join(str(g.index) for g in gpus),
         ENV_ALIYUN_POD: str(pod_units),
     }
-    if device_list_strategy == DEVICE_LIST_ENVVAR:
+    if device_list_strategy == DeviceListStrategy.ENVVAR:
         env[ENV_VISIBLE_DEVICES] = ",".join(visible_ids(gpus, device_id_strategy))
-    elif device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
+    elif device_list_strategy == DeviceListStrategy.VOLUME_MOUNTS:
         env[ENV_VISIBLE_DEVICES] = VISIBLE_DEVICES_MOUNT_ROOT
     if mps:
         # Device ordinals as CUDA numbers them inside the container, which sees only its GPUs, in this order

@@ -44,10 +44,9 @@ from typing import Protocol
 
 from share_core.assignment import placed_request
 from share_core.assignment import pod_is_finished
-from share_core.contract import HARD_LIMIT_CGROUP
 from share_core.contract import HARD_LIMIT_MIN_DRIVER
 from share_core.contract import HARD_LIMIT_MODES
-from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import HardLimitMode
 from share_core.contract import MemoryUnit
 from share_core.hardlimit import HardLimitStatus
 
@@ -159,7 +158,7 @@ def unsupported_driver(driver: str) -> str:
 
 def static_problem(f: Facts) -> str | None:
     """Why the node cannot enforce hard limits, from what is known without trying one; None if worth a try."""
-    if f.mode == HARD_LIMIT_OFF:
+    if f.mode == HardLimitMode.OFF:
         return "turned off (--hard-limit off)"
     version = parse_driver_version(f.driver)
     if not version or version[: len(HARD_LIMIT_MIN_DRIVER)] < HARD_LIMIT_MIN_DRIVER:
@@ -179,7 +178,7 @@ def decide_support(f: Facts, scratch_problem: str | None) -> Support:
     """The verdict from the facts and the scratch cgroup's set-then-read-back ("" when it held)."""
     problem = static_problem(f) or scratch_problem
     if problem:
-        if f.mode == HARD_LIMIT_OFF:
+        if f.mode == HardLimitMode.OFF:
             return Support(f.mode, False, problem, f.driver)
         return Support(f.mode, False, f"{problem}; falling back to the env limit", f.driver)
     gpus = tuple(g.uuid for g in f.gpus if not g.mig)
@@ -299,7 +298,7 @@ def probe(
         driver = f"unknown ({exc})"
     facts = Facts(
         mode=mode,
-        symbol=mode != HARD_LIMIT_OFF and limits.available(),
+        symbol=mode != HardLimitMode.OFF and limits.available(),
         driver=driver,
         cgroup_root=cgroup_root,
         # the NVML stand-in may be told to take cgroup v1 paths (test machines run v1); NVIDIA's driver never does
@@ -342,7 +341,7 @@ def scratch_check(limits: MemoryLimits, root: Path, gpu_uuid: str, agent: str) -
 
 def check_required(support: Support) -> None:
     """`--hard-limit cgroup` promises the limit: a node that cannot keep it must not run the agent."""
-    if support.mode == HARD_LIMIT_CGROUP and not support.enforced:
+    if support.mode == HardLimitMode.CGROUP and not support.enforced:
         raise HardLimitError(f"--hard-limit cgroup: this node cannot enforce it: {support.reason}")
 
 

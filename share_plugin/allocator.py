@@ -31,11 +31,11 @@ from share_core.assignment import pod_annotations
 from share_core.assignment import pod_is_finished
 from share_core.contract import ANN_ASSIGNED
 from share_core.contract import DEFAULT_MPS_PIPE_DIR
-from share_core.contract import DEVICE_LIST_ENVVAR
 from share_core.contract import DEVICE_LIST_STRATEGIES
 from share_core.contract import EVENT_ALLOCATE_REFUSED
 from share_core.contract import EVENT_RUNS_WITHOUT_GPU
 from share_core.contract import RESOURCE_MEM
+from share_core.contract import DeviceListStrategy
 from share_core.kube import Conflict
 from share_core.kube import KubeError
 from share_core.kube import NotFound
@@ -75,7 +75,7 @@ class AllocateOptions:
     """How Allocate answers: share-plugin's flags of the same names."""
 
     device_id_strategy: str = "uuid"
-    device_list_strategy: str = DEVICE_LIST_ENVVAR
+    device_list_strategy: str = DeviceListStrategy.ENVVAR
     mps: bool = False
     mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
     mps_shm_dir: str = ""
@@ -84,9 +84,8 @@ class AllocateOptions:
 
     def __post_init__(self) -> None:
         if self.device_list_strategy not in DEVICE_LIST_STRATEGIES:
-            raise ValueError(
-                f"device list strategy {self.device_list_strategy!r}: expected one of {DEVICE_LIST_STRATEGIES}"
-            )
+            choices = ", ".join(DEVICE_LIST_STRATEGIES)
+            raise ValueError(f"device list strategy {self.device_list_strategy!r}: expected one of {choices}")
 
 
 class Allocator:

@@ -12,10 +12,10 @@ from share_core.contract import ANN_NODE_GPUS
 from share_core.contract import DEFAULT_DEVICE_PLUGIN_DIR
 from share_core.contract import DEFAULT_MPS_PIPE_DIR
 from share_core.contract import DEFAULT_POD_RESOURCES_SOCKET
-from share_core.contract import DEVICE_LIST_ENVVAR
 from share_core.contract import DEVICE_LIST_STRATEGIES
 from share_core.contract import RESOURCE_COUNT
 from share_core.contract import RESOURCE_MEM
+from share_core.contract import DeviceListStrategy
 from share_core.contract import MemoryUnit
 from share_node.agent import open_agent
 from share_node.agent import stop_on_signals
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         p,
         "--device-list-strategy",
         "DEVICE_LIST_STRATEGY",
-        DEVICE_LIST_ENVVAR,
+        DeviceListStrategy.ENVVAR,
         choices=list(DEVICE_LIST_STRATEGIES),
         help="how the container runtime learns the GPU: envvar (NVIDIA_VISIBLE_DEVICES), volume-mounts "
         "(mounts the NVIDIA toolkit reads; a pod cannot forge them), cdi-cri (CDI device names in Allocate)",

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 
 from share_core.contract import ANN_NODE_HARD_LIMIT
-from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import HardLimitMode
 from share_core.kube import KubeError
 from share_core.kube import now_rfc3339
 from share_node.hardlimit import HardLimiter
@@ -76,7 +76,7 @@ class PluginHardLimit:
 
     def publish(self) -> None:
         """Say once per node what this node does: the log line, the node annotation kubectl inspect shows."""
-        level = logging.INFO if self.support.enforced or self.support.mode == HARD_LIMIT_OFF else logging.WARNING
+        level = logging.INFO if self.support.enforced or self.support.mode == HardLimitMode.OFF else logging.WARNING
         log.log(
             level,
             "node %s: hard GPU memory limit (--hard-limit %s) %s: %s",

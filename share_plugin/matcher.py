@@ -54,10 +54,9 @@ from share_core.assignment import pod_annotations
 from share_core.assignment import pod_is_finished
 from share_core.assignment import pod_key
 from share_core.contract import CDI_NVIDIA_GPU_KIND
-from share_core.contract import DEVICE_LIST_CDI_CRI
-from share_core.contract import DEVICE_LIST_VOLUME_MOUNTS
 from share_core.contract import RESOURCE_MEM
 from share_core.contract import VISIBLE_DEVICES_MOUNT_ROOT
+from share_core.contract import DeviceListStrategy
 from share_core.contract import MemoryUnit
 from share_core.request import ContainerRequest
 from share_core.request import InvalidRequest
@@ -473,7 +472,7 @@ def container_mounts(
     does the same); MPS: the control daemon's pipe directory, where CUDA finds the daemon, and the daemon's
     shared memory as /dev/shm (MPS clients and server share memory; a pod has its own IPC namespace)."""
     out = []
-    if device_list_strategy == DEVICE_LIST_VOLUME_MOUNTS:
+    if device_list_strategy == DeviceListStrategy.VOLUME_MOUNTS:
         out += [
             BindMount(f"{VISIBLE_DEVICES_MOUNT_ROOT}/{i}", "/dev/null")
             for i in visible_ids(match.gpus, device_id_strategy)
@@ -488,6 +487,6 @@ def container_mounts(
 def container_cdi_devices(match: Match, device_id_strategy: str, device_list_strategy: str) -> list[str]:
     """cdi-cri: fully qualified CDI names (`nvidia.com/gpu=<uuid or index>`) of the devices the NVIDIA
     toolkit's generated CDI spec defines; the runtime injects them when it has CDI enabled."""
-    if device_list_strategy != DEVICE_LIST_CDI_CRI:
+    if device_list_strategy != DeviceListStrategy.CDI_CRI:
         return []
     return [f"{CDI_NVIDIA_GPU_KIND}={i}" for i in visible_ids(match.gpus, device_id_strategy)]

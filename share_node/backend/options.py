@@ -9,8 +9,8 @@ from typing import Any
 
 from share_core.config import add_config_arg
 from share_core.contract import DEFAULT_CGROUP_ROOT
-from share_core.contract import HARD_LIMIT_AUTO
 from share_core.contract import HARD_LIMIT_MODES
+from share_core.contract import HardLimitMode
 from share_node.backend import GpuBackend
 from share_node.hardlimit import MemoryLimits
 
@@ -44,7 +44,7 @@ def agent_parser(prog: str, description: str) -> argparse.ArgumentParser:
         p,
         "--hard-limit",
         "GPUSHARE_HARD_LIMIT",
-        HARD_LIMIT_AUTO,
+        HardLimitMode.AUTO,
         choices=list(HARD_LIMIT_MODES),
         help="a hard GPU memory limit per pod (its share of each GPU), enforced by the NVIDIA driver per cgroup "
         "(R615+, cgroup v2, not MIG): auto (where supported, else say why and fall back), cgroup (required: "

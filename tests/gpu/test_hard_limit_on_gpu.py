@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from share_core.contract import HARD_LIMIT_AUTO
+from share_core.contract import HardLimitMode
 from share_node.backend import Gpu
 from share_node.backend.nvml import NvmlBackend
 from share_node.backend.nvml import NvmlMemoryLimits
@@ -61,7 +61,7 @@ sys.stdin.read()
 def gate(driver: str, symbol: bool, cgroup_v2: bool, gpus: tuple) -> tuple[str, str] | None:
     """("xfail", why) on a driver older than R615 (the GPU machine's 580.x), ("fail", why) for any other
     reason this node cannot run the check, None when it can: the same verdicts the plugin's probe uses."""
-    problem = static_problem(Facts(HARD_LIMIT_AUTO, symbol, driver, str(CGROUP_ROOT), cgroup_v2, gpus))
+    problem = static_problem(Facts(HardLimitMode.AUTO, symbol, driver, str(CGROUP_ROOT), cgroup_v2, gpus))
     if problem is None:
         return None
     return ("xfail" if problem.startswith("unsupported driver") else "fail", problem)
@@ -87,7 +87,7 @@ def limits(nvml: NvmlBackend) -> NvmlMemoryLimits:
 
 @pytest.fixture
 def limiter(limits: NvmlMemoryLimits, nvml: NvmlBackend, pod_cgroups: PodCgroups) -> Iterator[HardLimiter]:
-    support = probe(limits, HARD_LIMIT_AUTO, str(CGROUP_ROOT), gpu_facts(nvml.gpus()), agent="gputier")
+    support = probe(limits, HardLimitMode.AUTO, str(CGROUP_ROOT), gpu_facts(nvml.gpus()), agent="gputier")
     assert support.enforced, support.reason
     lim = HardLimiter(limits, support, str(CGROUP_ROOT), NODE)
     try:

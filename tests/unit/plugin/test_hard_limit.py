@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 from share_core.contract import ANN_NODE_HARD_LIMIT
-from share_core.contract import HARD_LIMIT_AUTO
-from share_core.contract import HARD_LIMIT_CGROUP
-from share_core.contract import HARD_LIMIT_OFF
+from share_core.contract import HardLimitMode
 from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.retry import Backoff
@@ -59,7 +57,7 @@ GPU0, GPU1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111
 
 def facts(**kw: Any) -> Facts:
     base: dict[str, Any] = {
-        "mode": HARD_LIMIT_AUTO,
+        "mode": HardLimitMode.AUTO,
         "symbol": True,
         "driver": "615.20.01",
         "cgroup_root": "/sys/fs/cgroup",
@@ -83,7 +81,7 @@ def test_hard_limit_unsupported_driver_is_named_with_its_version() -> None:
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
-        ({"mode": HARD_LIMIT_OFF}, "turned off"),
+        ({"mode": HardLimitMode.OFF}, "turned off"),
         ({"symbol": False}, "no nvmlDeviceSetMemoryLimits_v1"),
         ({"cgroup_v2": False}, "not cgroup v2"),
         ({"gpus": (GpuFacts("MIG-a", True), GpuFacts("MIG-b", True))}, "MIG"),
@@ -105,8 +103,8 @@ def test_hard_limit_enforced_leaves_mig_instances_out() -> None:
 
 def test_hard_limit_cgroup_mode_refuses_an_unsupported_node() -> None:
     with pytest.raises(HardLimitError, match="unsupported driver 580"):
-        check_required(decide_support(facts(mode=HARD_LIMIT_CGROUP, driver="580.95.05"), None))
-    check_required(decide_support(facts(mode=HARD_LIMIT_AUTO, driver="580.95.05"), None))  # auto falls back
+        check_required(decide_support(facts(mode=HardLimitMode.CGROUP, driver="580.95.05"), None))
+    check_required(decide_support(facts(mode=HardLimitMode.AUTO, driver="580.95.05"), None))  # auto falls back
 
 
 def test_hard_limit_annotation_json() -> None:
@@ -235,7 +233,7 @@ def test_hard_limit_probe_sets_reads_back_clears_and_removes_its_scratch(tmp_pat
     root = tmp_path / "cg"
     root.mkdir()
     nvml = standin(tmp_path)
-    support = probe(nvml, HARD_LIMIT_AUTO, str(root), [GpuFacts(GPU0, False)], fstype=V2)
+    support = probe(nvml, HardLimitMode.AUTO, str(root), [GpuFacts(GPU0, False)], fstype=V2)
     assert support.enforced, support.reason
     assert list(root.iterdir()) == []  # the scratch cgroup is gone
     ops = [e["op"] for e in read_state(str(tmp_path / "limits.json"))["journal"]]
@@ -253,14 +251,14 @@ def test_hard_limit_probe_sets_reads_back_clears_and_removes_its_scratch(tmp_pat
 def test_hard_limit_probe_falls_back_and_says_why(tmp_path: Path, kw: dict[str, Any], says: str) -> None:
     root = tmp_path / "cg"
     root.mkdir()
-    support = probe(standin(tmp_path, **kw), HARD_LIMIT_AUTO, str(root), [GpuFacts(GPU0, False)], fstype=V2)
+    support = probe(standin(tmp_path, **kw), HardLimitMode.AUTO, str(root), [GpuFacts(GPU0, False)], fstype=V2)
     assert not support.enforced and says in support.reason, support.reason
     assert list(root.iterdir()) == []
 
 
 def test_hard_limit_probe_cgroup_v1_node(tmp_path: Path) -> None:
     support = probe(
-        standin(tmp_path), HARD_LIMIT_AUTO, "/sys/fs/cgroup", [GpuFacts(GPU0, False)], fstype=lambda _p: "tmpfs"
+        standin(tmp_path), HardLimitMode.AUTO, "/sys/fs/cgroup", [GpuFacts(GPU0, False)], fstype=lambda _p: "tmpfs"
     )
     assert not support.enforced and "/sys/fs/cgroup is not cgroup v2" in support.reason
 
