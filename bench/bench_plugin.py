@@ -57,8 +57,9 @@ def allocate_latency(n_pods: int = 200) -> None:
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr.sock")
     kubelet.start()
     unit = MemoryUnit.GiB
-    alloc = Allocator(PluginNode(NODE, kube, backend, unit), PodResourcesClient(f"{d}/pr.sock", RESOURCE_MEM))
-    plugin = DevicePlugin(PluginConfig(NODE, f"{d}/dp", unit, health_check=False), backend, alloc)
+    node = PluginNode(NODE, kube, backend, unit)
+    alloc = Allocator(node, PodResourcesClient(f"{d}/pr.sock", RESOURCE_MEM))
+    plugin = DevicePlugin(node, PluginConfig(f"{d}/dp", health_check=False), alloc)
     plugin.start()
     kubelet.wait_for(lambda: bool(kubelet.devices), 10, "devices")
     try:

@@ -126,14 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     if (opened := open_agent(args, "gpushare-device-plugin", log, args.sim_processes_file)) is None:
         return 1
     backend, kube = opened
+    node = PluginNode(args.node_name, kube, backend, unit)
     config = PluginConfig(
-        node=args.node_name,
         device_plugin_dir=args.device_plugin_dir,
-        unit=unit,
         health_check=args.health_check,
         inventory_interval=args.inventory_interval,
     )
-    node = PluginNode(args.node_name, kube, backend, unit)
     pod_resources = PodResourcesClient(args.pod_resources_socket, config.resource)
     options = AllocateOptions(
         device_id_strategy=args.device_id_strategy,
@@ -158,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("node %s: %s", args.node_name, exc)
         return 1
     try:
-        plugin = DevicePlugin(config, backend, allocator, Publisher(args.node_name, kube), hard_limit=hard_limit)
+        plugin = DevicePlugin(node, config, allocator, Publisher(args.node_name, kube), hard_limit=hard_limit)
     except DeviceListTooLarge as exc:
         log.error("node %s: %s", args.node_name, exc)
         return 1

@@ -20,9 +20,7 @@ from share_core.contract import DEVICE_PLUGIN_API_VERSION
 from share_core.contract import KUBELET_SOCKET_NAME
 from share_core.contract import PLUGIN_SOCKET_NAME
 from share_core.contract import RESOURCE_MEM
-from share_core.contract import MemoryUnit
 from share_core.retry import Backoff
-from share_node.backend import GpuBackend
 from share_node.hardlimit import HardLimitError
 from share_plugin.allocator import Allocator
 from share_plugin.api import deviceplugin_v1beta1_pb2 as pb
@@ -34,6 +32,7 @@ from share_plugin.devices import device_list
 from share_plugin.devices import gpu_infos
 from share_plugin.hardlimit import PluginHardLimit
 from share_plugin.matcher import AllocationError
+from share_plugin.node import PluginNode
 from share_plugin.publisher import Publisher
 
 log = logging.getLogger(__name__)
@@ -41,9 +40,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
-    node: str
+    """Where the plugin meets kubelet and how often it looks (the node itself is the PluginNode)."""
+
     device_plugin_dir: str
-    unit: MemoryUnit = MemoryUnit.GiB
     health_check: bool = True
     resource: str = RESOURCE_MEM
     watch_interval: float = 0.2  # seconds between looks at kubelet.sock and our socket
@@ -114,7 +113,7 @@ class DevicePluginServicer(pbgrpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except Exception as exc:
                 log.exception("Allocate of %d devices failed unexpectedly", len(creq.devices_ids))
-                context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.config.node}: Allocate failed: {exc}")
+                context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.node.name}: Allocate failed: {exc}")
             out.container_responses.append(
                 pb.ContainerAllocateResponse(
                     envs=answer.envs,
@@ -139,22 +138,23 @@ class DevicePluginServicer(pbgrpc.DevicePluginServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except Exception as exc:
                 log.exception("PreStartContainer failed unexpectedly")
-                context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.config.node}: PreStartContainer: {exc}")
+                context.abort(grpc.StatusCode.INTERNAL, f"node {self.plugin.node.name}: PreStartContainer: {exc}")
         return pb.PreStartContainerResponse()
 
 
 class DevicePlugin:
     def __init__(
         self,
+        node: PluginNode,
         config: PluginConfig,
-        backend: GpuBackend,
         allocator: Allocator,
         publisher: Publisher | None = None,
         hard_limit: PluginHardLimit | None = None,
     ) -> None:
+        self.node = node
         self.config = config
         self.hard_limit = hard_limit
-        self.backend = backend
+        self.backend = node.backend
         self.allocator = allocator
         self.publisher = publisher
         self.stopping = threading.Event()
@@ -162,10 +162,10 @@ class DevicePlugin:
         self.registrations = 0  # how many times we registered (tests watch re-registration)
         self._cond = threading.Condition()
         self._version = 0
-        gpus = backend.gpus()
-        check_device_ids(gpus, config.unit)
-        self._devices = device_list(gpus, config.unit)
-        self.message_bytes = check_message_size(self._devices, gpus, config.unit)
+        gpus = node.backend.gpus()
+        check_device_ids(gpus, node.unit)
+        self._devices = device_list(gpus, node.unit)
+        self.message_bytes = check_message_size(self._devices, gpus, node.unit)
         self._server: grpc.Server | None = None
         self._threads: list[threading.Thread] = []
         self._served_ids: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)
@@ -193,7 +193,7 @@ class DevicePlugin:
         gpu = next((g for g in gpus if g.uuid == uuid), None)
         log.warning(
             "node %s: GPU %s %s is now %s (%s): its %s devices turn %s",
-            self.config.node,
+            self.node.name,
             gpu.index if gpu else "?",
             uuid,
             "healthy" if healthy else "UNHEALTHY",
@@ -202,11 +202,11 @@ class DevicePlugin:
             "Healthy" if healthy else "Unhealthy",
         )
         with self._cond:
-            self._devices = device_list(gpus, self.config.unit)
+            self._devices = device_list(gpus, self.node.unit)
             self._version += 1
             self._cond.notify_all()
         if self.publisher:
-            self.publisher.publish(gpu_infos(gpus, self.config.unit))
+            self.publisher.publish(gpu_infos(gpus, self.node.unit))
 
     def refresh_inventory(self) -> bool:
         """Enumerate the GPUs again; a changed list (a new MIG layout) is sent to kubelet and republished."""
@@ -214,11 +214,11 @@ class DevicePlugin:
             return False
         gpus = self.backend.gpus()
         try:
-            check_device_ids(gpus, self.config.unit)
-            devices = device_list(gpus, self.config.unit)
-            size = check_message_size(devices, gpus, self.config.unit)
+            check_device_ids(gpus, self.node.unit)
+            devices = device_list(gpus, self.node.unit)
+            size = check_message_size(devices, gpus, self.node.unit)
         except DeviceListTooLarge as exc:
-            log.error("node %s: the GPUs changed but cannot be advertised: %s", self.config.node, exc)
+            log.error("node %s: the GPUs changed but cannot be advertised: %s", self.node.name, exc)
             return False
         with self._cond:
             self._devices, self.message_bytes = devices, size
@@ -226,12 +226,12 @@ class DevicePlugin:
             self._cond.notify_all()
         log.warning(
             "node %s: the GPUs changed: now %s; %d devices sent to kubelet, node annotation republished",
-            self.config.node,
+            self.node.name,
             ", ".join(f"{g.index}:{g.uuid}:{g.memory_mib}MiB" for g in gpus),
             len(devices.devices),
         )
         if self.publisher:
-            self.publisher.publish(gpu_infos(gpus, self.config.unit))
+            self.publisher.publish(gpu_infos(gpus, self.node.unit))
         return True
 
     def _watch_inventory(self) -> None:
@@ -239,7 +239,7 @@ class DevicePlugin:
             try:
                 self.refresh_inventory()
             except Exception:
-                log.exception("node %s: looking for changed GPUs failed", self.config.node)
+                log.exception("node %s: looking for changed GPUs failed", self.node.name)
 
     # -- serving and registration --------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ class DevicePlugin:
         server.add_insecure_port(f"unix://{path}")
         server.start()
         self._server = server
-        log.info("node %s: serving the device plugin API on %s", self.config.node, path)
+        log.info("node %s: serving the device plugin API on %s", self.node.name, path)
 
     def _stop_server(self) -> None:
         if self._server is not None:
@@ -280,7 +280,7 @@ class DevicePlugin:
                 detail = exc.details() if isinstance(exc, grpc.RpcError) else "kubelet not answering"
                 log.warning(
                     "node %s: registering with kubelet at %s failed: %s; retrying",
-                    self.config.node,
+                    self.node.name,
                     self.config.kubelet_socket,
                     detail,
                 )
@@ -291,7 +291,7 @@ class DevicePlugin:
             self.registered.set()
             log.info(
                 "node %s: registered %s with kubelet (%d devices, %d bytes per ListAndWatch)",
-                self.config.node,
+                self.node.name,
                 self.config.resource,
                 len(self.devices().devices),
                 self.message_bytes,
@@ -315,7 +315,7 @@ class DevicePlugin:
             if ours is None or (kubelet is not None and kubelet != self._served_ids[1]):
                 log.warning(
                     "node %s: kubelet restarted (%s): serving and registering again",
-                    self.config.node,
+                    self.node.name,
                     "our socket was removed" if ours is None else "kubelet.sock was recreated",
                 )
                 self.allocator.kubelet_restarted()
@@ -331,14 +331,14 @@ class DevicePlugin:
             try:
                 self.allocator.audit()
             except Exception:
-                log.exception("node %s: audit of running pods failed", self.config.node)
+                log.exception("node %s: audit of running pods failed", self.node.name)
             self.stopping.wait(self.config.audit_interval)
 
     def start(self) -> None:
         """Serve, register (blocking until kubelet answers or stop), start health and restart watchers."""
         if self.publisher:
             self.publisher.start()
-            self.publisher.publish(gpu_infos(self.backend.gpus(), self.config.unit))
+            self.publisher.publish(gpu_infos(self.backend.gpus(), self.node.unit))
         if self.hard_limit is not None:
             self.hard_limit.publish()
             t = threading.Thread(target=self.hard_limit.run, args=(self.stopping,), name="hard-limit", daemon=True)
@@ -381,4 +381,4 @@ class DevicePlugin:
             os.unlink(self.config.socket_path)
         except FileNotFoundError:
             pass
-        log.info("node %s: device plugin stopped, socket %s removed", self.config.node, self.config.socket_path)
+        log.info("node %s: device plugin stopped, socket %s removed", self.node.name, self.config.socket_path)

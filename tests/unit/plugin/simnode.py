@@ -124,12 +124,11 @@ def start_node(
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, RESOURCE_MEM) if pod_resources else None
     options = AllocateOptions(strategy, device_list_strategy, mps, mps_pipe_dir=f"{d}/mps")
-    allocator = Allocator(PluginNode(NODE, kube, backend, unit), pr, options)
-    config = PluginConfig(
-        node=NODE, device_plugin_dir=f"{d}/dp", unit=unit, health_check=health_check, watch_interval=0.05
-    )
+    node = PluginNode(NODE, kube, backend, unit)
+    allocator = Allocator(node, pr, options)
+    config = PluginConfig(device_plugin_dir=f"{d}/dp", health_check=health_check, watch_interval=0.05)
     publisher = Publisher(NODE, kube, Backoff(initial=0.05, maximum=0.2))
-    plugin = DevicePlugin(config, backend, allocator, publisher)
+    plugin = DevicePlugin(node, config, allocator, publisher)
     plugin.start()
     kubelet.wait_for(lambda: bool(kubelet.devices), 10, "device list")
     return SimNode(kube, backend, plugin, kubelet, allocator, d, daemon)

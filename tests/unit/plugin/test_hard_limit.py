@@ -359,13 +359,14 @@ def test_hard_limit_set_at_pre_start_before_the_container(tmp_path: Path) -> Non
     kubelet = KubeletStandIn(f"{d}/dp", f"{d}/pr/kubelet.sock")
     kubelet.start()
     pr = PodResourcesClient(kubelet.pod_resources_socket, "nvidia.com/gpu-mem")
-    allocator = Allocator(PluginNode(NODE, kube, backend, MemoryUnit.GiB), pr)
+    node = PluginNode(NODE, kube, backend, MemoryUnit.GiB)
+    allocator = Allocator(node, pr)
     limiter, nvml, root = limiter_on(tmp_path, tuple(g.uuid for g in backend.gpus()))
     hard = PluginHardLimit(
         PluginNode(NODE, kube, backend, MemoryUnit.GiB), limiter.support, limiter, allocator.pod_of_devices
     )
-    config = PluginConfig(node=NODE, device_plugin_dir=f"{d}/dp", watch_interval=0.05, audit_interval=0)
-    plugin = DevicePlugin(config, backend, allocator, Publisher(NODE, kube, Backoff(0.05, 0.2)), hard_limit=hard)
+    config = PluginConfig(device_plugin_dir=f"{d}/dp", watch_interval=0.05, audit_interval=0)
+    plugin = DevicePlugin(node, config, allocator, Publisher(NODE, kube, Backoff(0.05, 0.2)), hard_limit=hard)
     plugin.start()
     try:
         kubelet.wait_for(lambda: bool(kubelet.devices), 10, "device list")

@@ -123,8 +123,9 @@ def test_mig_instances_are_published_and_a_new_layout_republished(
     kube = FakeKube()
     kube.add_node({"metadata": {"name": "n1"}, "status": {"capacity": {}}})
     publisher = Publisher("n1", kube, Backoff(initial=0.01, maximum=0.05))
-    allocator = Allocator(PluginNode("n1", kube, backend, MemoryUnit.GiB), None)
-    plugin = DevicePlugin(PluginConfig("n1", str(tmp_path), health_check=False), backend, allocator, publisher)
+    node = PluginNode("n1", kube, backend, MemoryUnit.GiB)
+    allocator = Allocator(node, None)
+    plugin = DevicePlugin(node, PluginConfig(str(tmp_path), health_check=False), allocator, publisher)
     publisher.start()
     try:
         assert len(plugin.devices().devices) == 16 + 20 + 20
