@@ -499,16 +499,11 @@ def policy_scores(
     return raw
 
 
-def prioritize(
-    policy: Policy,
-    demand: Demand,
-    entries: Sequence[tuple[str, NodeSnapshot | None]],
-    memo: ScoreMemo | None = None,
-    lock: threading.Lock | None = None,
-) -> list[dict[str, Any]]:
-    """HostPriorityList for the candidate nodes, in request order."""
-    scores = normalise_scores(policy_scores(policy, demand, entries, memo, lock))
-    return [{"Host": name, "Score": scores[name]} for name, _ in entries]
+def host_priorities(names: Sequence[str], raw: Mapping[str, float]) -> list[dict[str, Any]]:
+    """The HostPriorityList prioritize answers for `names` (in request order, as asked): the policy's raw
+    scores (policy_scores), ranked."""
+    scores = normalise_scores(raw)
+    return [{"Host": name, "Score": scores[name]} for name in names]
 
 
 def best_nodes(scores: Mapping[str, float], random_ties: bool = False) -> list[str]:

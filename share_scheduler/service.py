@@ -41,10 +41,10 @@ from share_scheduler.extender import ScoreMemo
 from share_scheduler.extender import best_nodes
 from share_scheduler.extender import filter_nodes
 from share_scheduler.extender import filter_result
+from share_scheduler.extender import host_priorities
 from share_scheduler.extender import parse_extender_request
 from share_scheduler.extender import pod_demand
 from share_scheduler.extender import policy_scores
-from share_scheduler.extender import prioritize
 from share_scheduler.metrics import Metrics
 from share_scheduler.syncer import Syncer
 
@@ -196,7 +196,8 @@ class Extender:
         if claims is not None and claims.demand is not None:
             demand = claims.demand  # a DRA pod: ranked with its claims' GPUs
         entries = self.cache.entries(args.names)
-        return 200, prioritize(self.policy, demand, entries, self.memo, self.binder.policy_lock)
+        raw = policy_scores(self.policy, demand, entries, self.memo, self.binder.policy_lock)
+        return 200, host_priorities(args.names, raw)
 
     def bind(self, raw: bytes) -> tuple[int, Any]:
         failures = self.metrics.bind_failures

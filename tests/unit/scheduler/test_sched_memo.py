@@ -12,7 +12,8 @@ from share_placement import make_policy
 from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import ScoreMemo
 from share_scheduler.extender import filter_nodes
-from share_scheduler.extender import prioritize
+from share_scheduler.extender import host_priorities
+from share_scheduler.extender import policy_scores
 from share_scheduler.nodes import Contribution
 from tests.unit.scheduler.conftest import assigned_pod
 from tests.unit.scheduler.conftest import filter_args
@@ -34,7 +35,8 @@ def cache_with(nodes: dict[str, list[int]]) -> ClusterCache:
 
 
 def scores(policy, memo, demand, cache, names):
-    return {h["Host"]: h["Score"] for h in prioritize(policy, demand, cache.entries(names), memo)}
+    raw = policy_scores(policy, demand, cache.entries(names), memo)
+    return {h["Host"]: h["Score"] for h in host_priorities(names, raw)}
 
 
 def test_snapshot_is_shared_until_the_node_changes():
