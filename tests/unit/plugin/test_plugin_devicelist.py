@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from share_core.contract import ANN_NODE_GPUS
+from share_core.contract import DeviceListStrategy
 from share_core.contract import MemoryUnit
 from share_core.fake import FakeKube
 from share_core.gpus import parse_node_gpus
 from share_core.retry import Backoff
 from share_node.backend.nvml import NvmlBackend
+from share_plugin.allocator import AllocateOptions
 from share_plugin.allocator import Allocator
 from share_plugin.devices import gpu_infos
 from share_plugin.node import PluginNode
@@ -165,3 +167,9 @@ def test_mig_instance_by_index_uses_the_toolkit_gpu_colon_mig_form() -> None:
 
     g = Gpu(1, "MIG-x", "A100 MIG 1g.10gb", 10 * GIB, 1, device="1:0", parent_uuid="GPU-y")
     assert visible_ids([g], "index") == ["1:0"] and visible_ids([g], "uuid") == ["MIG-x"]
+
+
+def test_allocate_options_refuse_an_unknown_device_list_strategy() -> None:
+    with pytest.raises(ValueError, match=r"'annotations': expected one of envvar, volume-mounts, cdi-cri"):
+        AllocateOptions(device_list_strategy="annotations")
+    assert AllocateOptions(device_list_strategy="cdi-cri").device_list_strategy == DeviceListStrategy.CDI_CRI
