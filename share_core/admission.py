@@ -58,25 +58,19 @@ def _scheduler_named(pod: Pod) -> Any:
     return spec.get("schedulerName") if isinstance(spec, Mapping) else None
 
 
-@dataclass(frozen=True, slots=True)
-class Mutation:
-    """What the mutating webhook does to a pod: set `scheduler_name` (None: leave the pod)."""
-
-    scheduler_name: str | None
-
-
 def choose_scheduler(
     pod: Pod, opted_in: bool, scheduler_name: str = SCHEDULER_NAME, claims_ours: bool = False
-) -> Mutation:
-    """A pod asking gpu-mem that names no scheduler (or the default one) gets ours; so does one whose
-    ResourceClaims ask our DeviceClass (`claims_ours`: DRA mode, where the policy places claims through
-    the extender); in an opted-in namespace every pod does, CPU-only pods included, so the policy places
-    them too. A pod that names another scheduler keeps it (validation warns a gpu-mem one: `other_scheduler`).
-    The chart's MutatingAdmissionPolicy (Kubernetes 1.36+) decides the gpu-mem case in CEL the same way."""
+) -> str | None:
+    """The scheduler the mutating webhook sets on a pod (None: leave the pod). A pod asking gpu-mem that
+    names no scheduler (or the default one) gets ours; so does one whose ResourceClaims ask our DeviceClass
+    (`claims_ours`: DRA mode, where the policy places claims through the extender); in an opted-in
+    namespace every pod does, CPU-only pods included, so the policy places them too. A pod that names
+    another scheduler keeps it (validation warns a gpu-mem one: `other_scheduler`). The chart's
+    MutatingAdmissionPolicy (Kubernetes 1.36+) decides the gpu-mem case in CEL the same way."""
     named = _scheduler_named(pod)
     if named in (None, "", DEFAULT_SCHEDULER) and (opted_in or claims_ours or asks_gpu_mem(pod)):
-        return Mutation(scheduler_name)
-    return Mutation(None)
+        return scheduler_name
+    return None
 
 
 def other_scheduler(pod: Pod, scheduler_name: str = SCHEDULER_NAME) -> str | None:

@@ -72,12 +72,12 @@ def mutate(
     """Set the scheduler where admission.choose_scheduler says so; never refuses nor warns (validation does)."""
     if req.kind != "Pod":
         return _response(req.uid)
-    decision = choose_scheduler(req.pod, opted_in, scheduler_name, claims_ours)
-    if decision.scheduler_name is None:
+    chosen = choose_scheduler(req.pod, opted_in, scheduler_name, claims_ours)
+    if chosen is None:
         return _response(req.uid)
     spec = req.pod.get("spec") or {}
     op = "replace" if isinstance(spec, dict) and "schedulerName" in spec else "add"
-    patch = [{"op": op, "path": "/spec/schedulerName", "value": decision.scheduler_name}]
+    patch = [{"op": op, "path": "/spec/schedulerName", "value": chosen}]
     return _response(req.uid, patchType="JSONPatch", patch=base64.b64encode(orjson.dumps(patch)).decode())
 
 

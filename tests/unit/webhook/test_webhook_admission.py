@@ -58,12 +58,12 @@ def test_asks_gpu_mem_sees_every_kind_of_container() -> None:
 
 @pytest.mark.parametrize("named", [None, "", "default-scheduler"])
 def test_our_pods_without_a_scheduler_get_ours(named: str | None) -> None:
-    assert choose_scheduler(pod(4, scheduler=named), opted_in=False).scheduler_name == SCHEDULER_NAME
+    assert choose_scheduler(pod(4, scheduler=named), opted_in=False) == SCHEDULER_NAME
 
 
 def test_other_schedulers_are_left_alone_and_warned_at_validation() -> None:
-    assert choose_scheduler(pod(4, scheduler="volcano"), opted_in=False).scheduler_name is None
-    assert choose_scheduler(pod(4, scheduler=SCHEDULER_NAME), opted_in=False).scheduler_name is None
+    assert choose_scheduler(pod(4, scheduler="volcano"), opted_in=False) is None
+    assert choose_scheduler(pod(4, scheduler=SCHEDULER_NAME), opted_in=False) is None
     warned = review(pod(4, scheduler="volcano"), CLUSTER, scheduler_name=SCHEDULER_NAME)
     assert warned.refusal is None and len(warned.warnings) == 1
     assert "will refuse" in warned.warnings[0] and "'volcano'" in warned.warnings[0]
@@ -79,8 +79,8 @@ def test_other_schedulers_are_left_alone_and_warned_at_validation() -> None:
 
 
 def test_cpu_only_pods_only_in_opted_in_namespaces() -> None:
-    assert choose_scheduler(pod(None), opted_in=False).scheduler_name is None
-    assert choose_scheduler(pod(None), opted_in=True).scheduler_name == SCHEDULER_NAME
+    assert choose_scheduler(pod(None), opted_in=False) is None
+    assert choose_scheduler(pod(None), opted_in=True) == SCHEDULER_NAME
     assert choose_scheduler(pod(None, scheduler="volcano"), opted_in=True) == choose_scheduler(pod(None), False)
 
 

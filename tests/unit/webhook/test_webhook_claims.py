@@ -53,13 +53,11 @@ def test_an_unreadable_claim_leaves_the_pod_alone() -> None:
 
 
 def test_the_mutation_sets_the_scheduler_only_where_it_is_unset() -> None:
-    assert (
-        choose_scheduler(pod(resourceClaimName="ours"), False, claims_ours=True).scheduler_name == "gpushare-scheduler"
-    )
+    assert choose_scheduler(pod(resourceClaimName="ours"), False, claims_ours=True) == "gpushare-scheduler"
     named = pod(resourceClaimName="ours")
     named["spec"]["schedulerName"] = "volcano"
     decision = choose_scheduler(named, False, claims_ours=True)
-    assert decision.scheduler_name is None  # a DRA pod runs under any scheduler
+    assert decision is None  # a DRA pod runs under any scheduler
     assert other_scheduler(named) is None  # and is not warned: it asks no gpu-mem
     body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
             "request": {"uid": "u", "kind": {"kind": "Pod"}, "object": pod(resourceClaimName="ours")}}  # fmt: skip
