@@ -479,7 +479,7 @@ def test_slim_pod_keeps_what_preemption_reads(messages):
     msg = messages["Pod"].FromString(upstream_pod(messages, pod))
     msg.metadata.deletionTimestamp.seconds = 1795431700
     msg.spec.preemptionPolicy = "Never"
-    kind, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
+    _kind, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
     assert slim["metadata"]["deletionTimestamp"] == "2026-11-23T11:01:40Z"
     assert slim["spec"]["preemptionPolicy"] == "Never"
     record = pod_record(slim)
