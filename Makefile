@@ -49,12 +49,14 @@ lint: venv
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 # The unit tier runs in a random order every time (pytest-random-order): a test that needs another's
-# side effects fails loudly instead of passing by luck. The seed is printed at the top and the bottom of
-# the run; `make unit SEED=<n>` replays that order (docs/testing.md). The integration tier keeps its
-# file order: its modules share one control plane and some walk one release through install, upgrade
-# and uninstall; each module and each test there passes alone, which is how that tier is checked.
+# side effects fails loudly instead of passing by luck. Bucket `module`: the modules in a random order,
+# and the tests within each; a module-scoped fixture (a helm render, a protoc compile, the openb trace)
+# is still made once per module, so the shuffle costs nothing. The seed is printed at the top and the
+# bottom of the run; `make unit SEED=<n>` replays that order (docs/testing.md). The integration tier
+# keeps its file order: its modules share one control plane and some walk one release through install,
+# upgrade and uninstall; each module and each test there passes alone, which is how that tier is checked.
 SEED ?=
-UNIT_ORDER := --random-order-bucket=global$(if $(SEED), --random-order-seed=$(SEED))
+UNIT_ORDER := --random-order-bucket=module$(if $(SEED), --random-order-seed=$(SEED))
 UNIT := $(PY) -m pytest tests -m 'not integration' -q $(UNIT_ORDER)
 
 unit: venv
