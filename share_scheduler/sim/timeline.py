@@ -262,6 +262,7 @@ class Timeline:
         self.retry = retry
         # Ties broken as kube-scheduler's selectHost (random among the best), drawn only among 2+ nodes.
         self.cluster = ClusterState(workload, policy, random.Random(f"ties-{seed}"), draw_single_tie=False)
+        self._pick_rng = random.Random(f"pick-{seed}")  # the random policy's uniform pick among fitting nodes
         unit = gpu_unit(workload)
         self.pod_class = [CLASSES.index(pod_class(p, unit)) for p in workload.pods]
         self.pod_gpu = [p.gpu_request for p in workload.pods]
@@ -345,7 +346,7 @@ class Timeline:
         dix = self.cluster.pod_demand[self.arrivals[seq].pod]
         held = self.hooks.held(self, seq) if self.hooks is not None else None
         if not held:
-            return self.cluster.best(dix)
+            return self.cluster.best_indexed(dix, self._pick_rng)
         return self._choose_held(dix, held)
 
     def _choose_held(self, dix: int, held: dict[int, NodeView]) -> tuple[int, placement.Evaluation] | None:
@@ -391,19 +392,19 @@ class Timeline:
             self._retry_node_exact(node)
             return
         candidates = list(self.queues)
+        fits = cluster.fits
         while candidates:
             sid = cluster.node_state[node]
-            fitting = []
-            for dix in candidates:
-                ev = cluster.evaluation(sid, dix)
-                if ev is not None:
-                    fitting.append((self.queues[dix][0], dix, ev))
+            fitting = [(self.queues[dix][0], dix) for dix in candidates if fits(sid, dix)]
             if not fitting:
                 return
-            _, dix, ev = min(fitting)
+            _, dix = min(fitting)
+            ev = cluster.evaluation(sid, dix)
+            if ev is None:  # pragma: no cover - fits() and evaluate() disagree: a policy bug
+                raise AssertionError(f"{self.policy!r} refused node {node} that fits")
             self.place(self._dequeue(dix), node, ev[1])
             # Room only shrank: only demands that fitted before may fit now.
-            candidates = [d for _, d, _ in fitting if d in self.queues]
+            candidates = [d for _, d in fitting if d in self.queues]
 
     def _retry_node_exact(self, node: int) -> None:
         """Pod by pod on `node`, each through its own holds (with hooks: pods of one demand may differ)."""
