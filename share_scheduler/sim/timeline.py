@@ -275,6 +275,7 @@ class Timeline:
         self.waiting_count = [0] * len(CLASSES)
         self.used = 0  # GPU units allocated
         self.now = 0.0
+        self.arrived = 0  # arrivals processed so far (those up to the end)
         # Integrals over [warmup, end].
         self._alloc_area = 0.0
         self._free_waiting_area = 0.0
@@ -463,7 +464,7 @@ class Timeline:
             if self.hooks is not None:
                 self.hooks.after_event(self, self.now)
         self._advance(end)
-        self._arrived = i
+        self.arrived = i
 
     def result(self, seconds: float = 0.0) -> TimelineResult:
         """The figures, the warm-up cut: per-pod figures for pods arriving in [warmup, end]; waits of pods
@@ -471,7 +472,7 @@ class Timeline:
         span = self.end_s - self.warmup_s
         waits: list[list[float]] = [[] for _ in CLASSES]
         arrived = placed = 0
-        for seq in range(getattr(self, "_arrived", 0)):
+        for seq in range(self.arrived):
             a = self.arrivals[seq]
             started = self.started[seq]
             if started is not None and started >= self.warmup_s:
