@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
@@ -20,6 +21,8 @@ from share_core.kube import NotFound
 from share_core.kube import Obj
 from share_core.kube import Pages
 from share_core.kube import WatchEvent
+
+HISTORY = 10_000  # changes kept for watches that start from an older resourceVersion
 
 
 def _match_fields(obj: Obj, selector: str | None) -> bool:
@@ -62,6 +65,9 @@ class FakeKube:
         self.calls: dict[str, int] = defaultdict(int)
         self._faults: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._watchers: list[tuple[str, queue.Queue[WatchEvent | None], Callable[[Obj], bool]]] = []
+        # Every change, by resource version, so that a watch from a list's resourceVersion misses none made
+        # between the list and the watch (as the API server's watch cache replays them).
+        self._history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
         # Any other collection by its API path (ResourceSlices, ResourceClaims): path -> name key -> object.
         self.objects: dict[str, dict[tuple[str, str], Obj]] = defaultdict(dict)
 
@@ -93,6 +99,7 @@ class FakeKube:
         return obj
 
     def _notify(self, kind: str, event_type: str, obj: Obj) -> None:
+        self._history.append((self._rv, kind, event_type, copy.deepcopy(obj)))
         for k, q, pred in list(self._watchers):
             if k == kind and pred(obj):
                 q.put(WatchEvent(event_type, copy.deepcopy(obj)))
@@ -292,10 +299,22 @@ class FakeKube:
                 }
             )
 
-    def _watch(self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int) -> Iterator[WatchEvent]:
+    def _watch(
+        self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int, resource_version: str = ""
+    ) -> Iterator[WatchEvent]:
+        """Every change after `resource_version` (a list's), then each new one: the API server's watch cache
+        replays what changed since that version (k8s.io/apiserver/pkg/storage/cacher, watchCache
+        getAllEventsSinceLocked). The watch is open when this returns, not when it is first read."""
         q: queue.Queue[WatchEvent | None] = queue.Queue()
         with self._lock:
+            since = int(resource_version) if resource_version.isdigit() else self._rv
+            for rv, k, event_type, obj in self._history:
+                if rv > since and k == kind and pred(obj):
+                    q.put(WatchEvent(event_type, copy.deepcopy(obj)))
             self._watchers.append((kind, q, pred))
+        return self._events(q, timeout_seconds)
+
+    def _events(self, q: queue.Queue[WatchEvent | None], timeout_seconds: int) -> Iterator[WatchEvent]:
         deadline = time.monotonic() + timeout_seconds
         try:
             while True:
@@ -317,13 +336,13 @@ class FakeKube:
         self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
     ) -> Iterator[WatchEvent]:
         self._enter("watch_pods")  # `slim` allows fewer fields; whole pods are always allowed
-        return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds)
+        return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds, resource_version)
 
     def watch_nodes(
         self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
     ) -> Iterator[WatchEvent]:
         self._enter("watch_nodes")
-        return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds)
+        return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds, resource_version)
 
     def list_path(self, path: str) -> ListResult:
         self._enter("list_path")
@@ -332,7 +351,7 @@ class FakeKube:
 
     def watch_path(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[WatchEvent]:
         self._enter("watch_path")
-        return self._watch(path, lambda _: True, timeout_seconds)
+        return self._watch(path, lambda _: True, timeout_seconds, resource_version)
 
     def get_path(self, path: str) -> Obj:
         self._enter("get_path")
