@@ -94,7 +94,7 @@ class PodWatch:
                 pod = self.pods.get(name)
                 if pod is not None and pod_node(pod):
                     return "bound"
-                if pod is not None and _unschedulable(pod):
+                if pod is not None and unschedulable(pod):
                     return "unschedulable"
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -106,7 +106,7 @@ class PodWatch:
         self._thread.join(WATCH_SECONDS + 5)
 
 
-def _unschedulable(pod: dict[str, Any]) -> bool:
+def unschedulable(pod: dict[str, Any]) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if (
             cond.get("type") == "PodScheduled"

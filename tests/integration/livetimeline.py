@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
-from typing import Protocol
 
 import orjson
 import yaml
@@ -46,8 +45,12 @@ from share_core.contract import NODE_LABEL
 from share_core.contract import NODE_LABEL_VALUE
 from share_core.kube import ApiServerClient
 from share_core.kube import NotFound
+from share_scheduler.sim.timeline import Arrival
+from share_scheduler.sim.timeline import Timeline
+from share_scheduler.sim.timeline import TimelineResult
 from share_scheduler.sim.workload import SimNode
 from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
 from tests.controlplane import ControlPlane
 from tests.controlplane.barenodes import create_node
 from tests.controlplane.cluster import ManagedProcess
@@ -61,6 +64,7 @@ from tests.controlplane.gpucluster import install_chart_rbac
 from tests.controlplane.gpucluster import sa_identity
 from tests.controlplane.gpucluster import wait_for
 from tests.integration.liverun import PodWatch
+from tests.integration.liverun import unschedulable
 from tests.integration.livesim import node_object
 from tests.integration.livesim import node_resources
 from tests.integration.livesim import pod_object
@@ -74,30 +78,20 @@ CHART_SCHEDULER = "gpushare-scheduler"  # the profile the chart's configuration 
 PRIORITY_CLASS = "timeline-priority-{}"  # one PriorityClass per priority value the arrivals carry
 
 
-class TimelineArrival(Protocol):
-    """What the live replay reads of share-sim's `timeline.Arrival`."""
-
-    @property
-    def time(self) -> float: ...
-
-    @property
-    def pod(self) -> SimPod: ...
-
-    @property
-    def duration(self) -> float: ...
-
-
 @dataclass
 class PodRecord:
     """One arrival, live, in simulated seconds: created (the create request was sent), bound (the watch
     showed it bound), deleted (the delete request was sent); None where that never happened before the
-    end. `node` and `gpus`: where it went."""
+    end. `node` and `gpus`: where it went. `waited`: kube-scheduler's first try found no room (the pod
+    got PodScheduled=False, reason Unschedulable), so it waited in the queue; a pod bound at its first
+    try did not wait, however long that try took."""
 
     created: float | None = None
     bound: float | None = None
     deleted: float | None = None
     node: str = ""
     gpus: tuple[int, ...] = ()
+    waited: bool = False  # kube-scheduler marked it Unschedulable before it was bound
 
 
 @dataclass
@@ -240,7 +234,7 @@ def timeline_pod(name: str, pod: SimPod) -> dict[str, Any]:
     with its priority's class."""
     body = pod_object(name, pod, CHART_SCHEDULER)
     del body["spec"]["schedulingGates"]
-    body["spec"]["priorityClassName"] = PRIORITY_CLASS.format(getattr(pod, "priority", 0))
+    body["spec"]["priorityClassName"] = PRIORITY_CLASS.format(pod.priority)
     return body
 
 
@@ -269,13 +263,15 @@ class LiveTimeline:
     def __init__(
         self,
         admin: ApiServerClient,
-        arrivals: Sequence[TimelineArrival],
+        pods: Sequence[SimPod],
+        arrivals: Sequence[Arrival],
         compression: float,
         end_s: float,
         sample_every_s: float,
         gpu_sizes: dict[str, tuple[int, ...]],
     ) -> None:
         self.admin = admin
+        self.pods = [pods[a.pod] for a in arrivals]  # the pod of each arrival
         self.arrivals = arrivals
         self.names = [f"t-{i:05d}" for i in range(len(arrivals))]
         self.index = {n: i for i, n in enumerate(self.names)}
@@ -312,12 +308,14 @@ class LiveTimeline:
                 self.gone.add(name)
                 self._lock.notify_all()
                 return
+            record = self.records[i]
             if not node:
+                if record.bound is None and unschedulable(pod):
+                    record.waited = True  # kube-scheduler found it no room: it went to the queue
                 return
             assignment = parse_assignment(pod_annotations(pod))
             gpus = tuple(sorted(assignment.gpu_indices)) if assignment else ()
             self.held[name] = (node, gpus, assignment.per_gpu if assignment else 0)
-            record = self.records[i]
             if record.bound is not None:
                 return
             record.bound = self._clock.now()
@@ -333,7 +331,7 @@ class LiveTimeline:
     def _create(self, i: int) -> None:
         try:
             self.admin.request(
-                "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=timeline_pod(self.names[i], self.arrivals[i].pod)
+                "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=timeline_pod(self.names[i], self.pods[i])
             )
         except Exception as exc:  # noted and reported: one lost pod must not stop the replay
             self.errors.append(f"create {self.names[i]}: {exc}")
@@ -395,7 +393,7 @@ class LiveTimeline:
             if r.bound is None:
                 waiting += 1
             elif r.deleted is None:
-                units += self.arrivals[i].pod.gpu_request
+                units += self.pods[i].gpu_request
         used: dict[tuple[str, int], int] = {}
         for node, gpus, per_gpu in self.held.values():
             for g in gpus:
@@ -436,8 +434,8 @@ def run_live_timeline(
     cp: ControlPlane,
     workdir: Path,
     policy: str,
-    nodes: Sequence[SimNode],
-    arrivals: Sequence[TimelineArrival],
+    workload: Workload,
+    arrivals: Sequence[Arrival],
     compression: float,
     end_s: float,
     sample_every_s: float | None = None,
@@ -446,10 +444,12 @@ def run_live_timeline(
     end, once the watch has shown every deleted pod gone, what the extender still counts."""
     started = time.monotonic()
     admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-timeline")
-    create_cluster_objects(admin, nodes, {getattr(a.pod, "priority", 0) for a in arrivals})
+    nodes = workload.nodes
+    create_cluster_objects(admin, nodes, {workload.pods[a.pod].priority for a in arrivals})
     running = start_chart_scheduler(cp, workdir, policy)
     timeline = LiveTimeline(
         admin,
+        workload.pods,
         arrivals,
         compression,
         end_s,
@@ -478,3 +478,94 @@ def run_live_timeline(
     if timeline.errors:
         raise RuntimeError(f"{len(timeline.errors)} API requests failed; first: {timeline.errors[:3]}")
     return LiveTimelineResult(timeline.records, timeline.samples, timeline.lag, setup_s, replay_s, held)
+
+
+# --------------------------------------------------------------------------- the figures, share-sim's way
+
+
+class RecordedTimeline(Timeline):
+    """share-sim's Timeline told what happened live instead of deciding it: the live run's arrivals, the
+    pods that went to the queue, their bindings and deletions, applied in time order to share-sim's own
+    cluster state, queue counts and clock, so `result()` computes the live figures exactly as it computes
+    the simulated ones (time-averaged allocation, per class waits, the warm-up cut, pods waiting at the
+    end). A pod bound at kube-scheduler's first try counts as placed when it was created (no wait); one
+    that was marked Unschedulable first waits from its creation to its binding. Replaying a placement
+    that would take more than a GPU, a node's CPU or its memory holds raises."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        arrivals: Sequence[Arrival],
+        records: Sequence[PodRecord],
+        warmup_s: float,
+        end_s: float,
+        policy: Any,
+        seed: int = 0,
+    ) -> None:
+        created = [i for i, r in enumerate(records) if r.created is not None]
+        if created != list(range(len(created))):
+            raise ValueError("the live arrivals were not created in order")
+        live = [Arrival(records[i].created or 0.0, arrivals[i].pod, arrivals[i].duration) for i in created]
+        super().__init__(workload, policy, live, warmup_s, end_s, seed)
+        self.records = records[: len(created)]
+        self.node_index = {n.name: k for k, n in enumerate(workload.nodes)}
+
+    def replay(self) -> None:
+        events: list[tuple[float, int, int, str]] = []  # (time, order at one instant, arrival, what)
+        for seq, r in enumerate(self.records):
+            assert r.created is not None
+            if r.waited or r.bound is None:
+                events.append((r.created, 2, seq, "wait"))
+                if r.bound is not None:
+                    events.append((r.bound, 1, seq, "bound"))
+                start = r.bound
+            else:
+                events.append((r.created, 1, seq, "place"))
+                start = r.created
+            if r.deleted is not None and start is not None:
+                # A departure first at one instant (its room is there for others), but never before its own start.
+                events.append((r.deleted, 0 if r.deleted > start else 3, seq, "leave"))
+        events.sort()
+        for t, _, seq, what in events:
+            if t > self.end_s:
+                break
+            self._advance(t)
+            if what == "wait":
+                self._enqueue(seq)
+            elif what == "leave":
+                self.release(seq)
+            else:
+                if what == "bound":
+                    self._remove_waiting(seq)
+                self._place_recorded(seq)
+        self._advance(self.end_s)
+        self._arrived = len(self.records)
+
+    def _place_recorded(self, seq: int) -> None:
+        r = self.records[seq]
+        node = self.node_index[r.node]
+        self.place(seq, node, r.gpus)
+        gpus, cpu_free, memory_free = self.cluster.view(node)
+        short = [f"GPU {p} ({free})" for p, (_, free) in enumerate(gpus) if free < 0]
+        if cpu_free is not None and cpu_free < 0:
+            short.append(f"CPU ({cpu_free}m)")
+        if memory_free is not None and memory_free < 0:
+            short.append(f"memory ({memory_free} MiB)")
+        if short:
+            raise ValueError(f"live arrival {seq} bound to {r.node} {r.gpus} overfills it: {', '.join(short)}")
+
+
+def live_figures(
+    workload: Workload,
+    arrivals: Sequence[Arrival],
+    records: Sequence[PodRecord],
+    warmup_s: float,
+    end_s: float,
+    policy: Any,
+    seed: int = 0,
+) -> TimelineResult:
+    """The live run's figures, computed by share-sim's Timeline.result (see RecordedTimeline); `policy` and
+    `seed` only label them (nothing is decided)."""
+    timeline = RecordedTimeline(workload, arrivals, records, warmup_s, end_s, policy, seed)
+    timeline.replay()
+    return timeline.result()
