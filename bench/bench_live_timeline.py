@@ -64,6 +64,30 @@ def table(sim: dict, live: dict) -> str:
     return "\n".join(rows)
 
 
+def label(key: str, name: str) -> str:
+    """The value of label `name` in a Prometheus series key (`series{a="x",b="y"}`), or ""."""
+    for part in key.partition("{")[2].rstrip("}").split(","):
+        k, _, v = part.partition("=")
+        if k == name:
+            return v.strip('"')
+    return ""
+
+
+def scheduler_summary(counters: dict[str, float]) -> dict[str, dict[str, int]]:
+    """kube-scheduler's attempts by result, and the pods it moved to activeQ/backoffQ by the event that moved
+    them (every retry of a waiting pod is one of those)."""
+    attempts: dict[str, int] = {}
+    moved: dict[str, int] = {}
+    for key, value in counters.items():
+        if key.startswith("scheduler_schedule_attempts_total"):
+            result = label(key, "result")
+            attempts[result] = attempts.get(result, 0) + int(value)
+        elif label(key, "queue") in ("active", "backoff"):
+            event = label(key, "event")
+            moved[event] = moved.get(event, 0) + int(value)
+    return {"attempts": attempts, "moved_to_active_or_backoff": dict(sorted(moved.items(), key=lambda kv: -kv[1]))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="frag", choices=sorted(POLICIES), help="the chart's scheduler.policy")
@@ -132,6 +156,9 @@ def main() -> int:
         f"p99 {lag['p99_s'] * 1000:.0f} ms, max {lag['max_s']:.2f} s (wall); first-try binding latency "
         f"p50 {latency['p50_s']} s, p99 {latency['p99_s']} s (wall); GPUs over their memory: {len(live.gpus_over)}"
     )
+    kube_scheduler = scheduler_summary(live.scheduler_counters)
+    print(f"kube-scheduler: attempts {kube_scheduler['attempts']}; pods moved to activeQ/backoffQ by event "
+          f"{kube_scheduler['moved_to_active_or_backoff']}")  # fmt: skip
     out = {
         "policy": args.policy,
         "nodes": len(nodes),
@@ -154,6 +181,7 @@ def main() -> int:
             "request_lag_s": {k: round(v, 3) for k, v in lag.items()},
             "first_try_latency_s": latency,
             "gpus_over": len(live.gpus_over),
+            "kube_scheduler": kube_scheduler,
         },
     }
     print(json.dumps(out))

@@ -112,6 +112,7 @@ class LiveTimelineResult:
     setup_s: float = 0.0
     replay_s: float = 0.0
     extender_holds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # at the end
+    scheduler_counters: dict[str, float] = field(default_factory=dict)  # kube-scheduler's, at the end
 
     @property
     def gpus_over(self) -> list[str]:
@@ -430,6 +431,23 @@ def extender_holders(url: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {key: (nodes[key], tuple(sorted(indices))) for key, indices in held.items()}
 
 
+SCHEDULER_SERIES = ("scheduler_schedule_attempts_total", "scheduler_queue_incoming_pods_total")
+
+
+def scheduler_counters(cp: ControlPlane, handle: SchedulerHandle) -> dict[str, float]:
+    """kube-scheduler's own count of scheduling attempts (by result) and of pods moved between its queues
+    (by event and queue), from its /metrics, as `series{labels}` -> value."""
+    url = f"https://127.0.0.1:{handle.port}/metrics"
+    with urllib.request.urlopen(url, context=cp.admin_context(verify_server=False), timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(SCHEDULER_SERIES):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
 def run_live_timeline(
     cp: ControlPlane,
     workdir: Path,
@@ -468,6 +486,7 @@ def run_live_timeline(
         if not timeline.settle(30):
             raise RuntimeError("the watch did not show every deleted pod gone within 30 s")
         held = extender_holders(running.url)
+        counters = scheduler_counters(cp, running.scheduler) if running.scheduler is not None else {}
     except BaseException:
         log.error("replay failed:\n%s", running.logs())
         raise
@@ -477,7 +496,7 @@ def run_live_timeline(
         running.stop()
     if timeline.errors:
         raise RuntimeError(f"{len(timeline.errors)} API requests failed; first: {timeline.errors[:3]}")
-    return LiveTimelineResult(timeline.records, timeline.samples, timeline.lag, setup_s, replay_s, held)
+    return LiveTimelineResult(timeline.records, timeline.samples, timeline.lag, setup_s, replay_s, held, counters)
 
 
 # --------------------------------------------------------------------------- the figures, share-sim's way
