@@ -108,7 +108,7 @@ class Sample:
 class LiveTimelineResult:
     records: list[PodRecord]
     samples: list[Sample] = field(default_factory=list)
-    lag_s: list[float] = field(default_factory=list)  # wall seconds each request went out after its time
+    lag_s: list[float] = field(default_factory=list)  # wall seconds each request went out after it was due
     setup_s: float = 0.0
     replay_s: float = 0.0
     extender_holds: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)  # at the end
@@ -329,23 +329,22 @@ class LiveTimeline:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _create(self, i: int) -> None:
+    def _send(self, kind: str, i: int, due: float) -> None:
+        """Create or delete arrival `i`, due at simulated second `due`; how late it went out is noted."""
+        assert self._clock is not None
+        with self._lock:
+            self.lag.append((self._clock.now() - due) / self.compression)
+        path = f"/api/v1/namespaces/{NAMESPACE}/pods"
         try:
-            self.admin.request(
-                "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=timeline_pod(self.names[i], self.pods[i])
-            )
-        except Exception as exc:  # noted and reported: one lost pod must not stop the replay
-            self.errors.append(f"create {self.names[i]}: {exc}")
-
-    def _delete(self, i: int) -> None:
-        try:
-            self.admin.request(
-                "DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{self.names[i]}", query={"gracePeriodSeconds": 0}
-            )
-        except NotFound:
-            pass
-        except Exception as exc:
-            self.errors.append(f"delete {self.names[i]}: {exc}")
+            if kind == "create":
+                self.admin.request("POST", path, body=timeline_pod(self.names[i], self.pods[i]))
+            else:
+                self.admin.request("DELETE", f"{path}/{self.names[i]}", query={"gracePeriodSeconds": 0})
+        except NotFound as exc:
+            if kind == "create":
+                self.errors.append(f"{kind} {self.names[i]}: {exc}")
+        except Exception as exc:  # noted and reported: one lost request must not stop the replay
+            self.errors.append(f"{kind} {self.names[i]}: {exc}")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -377,10 +376,9 @@ class LiveTimeline:
                         record.created = now
                     else:
                         record.deleted = now
-                    self.lag.append((now - t) / self.compression)
                 if watch.error is not None:
                     raise RuntimeError(f"the pod watch died: {watch.error!r}")
-                self._pool.submit(self._create if kind == "create" else self._delete, i)
+                self._pool.submit(self._send, kind, i, t)
         finally:
             self._pool.shutdown(wait=True)
 
