@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -505,8 +506,9 @@ class RecordedTimeline(Timeline):
     pods that went to the queue, their bindings and deletions, applied in time order to share-sim's own
     cluster state, queue counts and clock, so `result()` computes the live figures exactly as it computes
     the simulated ones (time-averaged allocation, per class waits, the warm-up cut, pods waiting at the
-    end). A pod bound at kube-scheduler's first try counts as placed when it was created (no wait); one
-    that was marked Unschedulable first waits from its creation to its binding. Replaying a placement
+    end). Every pod runs from its binding to its deletion. A pod bound at kube-scheduler's first try did
+    not wait: it arrives (for share-sim's figures) when it was bound, its scheduling latency is no queue
+    wait; one marked Unschedulable first waits from its creation to its binding. Replaying a placement
     that would take more than a GPU, a node's CPU or its memory holds raises."""
 
     def __init__(
@@ -522,26 +524,39 @@ class RecordedTimeline(Timeline):
         created = [i for i, r in enumerate(records) if r.created is not None]
         if created != list(range(len(created))):
             raise ValueError("the live arrivals were not created in order")
-        live = [Arrival(records[i].created or 0.0, arrivals[i].pod, arrivals[i].duration) for i in created]
+        # What the watch showed after the end (the run goes on while it stops) did not happen by the end.
+        records = [
+            replace(
+                r,
+                bound=r.bound if r.bound is not None and r.bound <= end_s else None,
+                deleted=r.deleted if r.deleted is not None and r.deleted <= end_s else None,
+            )
+            for r in records
+        ]
+
+        def arrived(r: PodRecord) -> float:
+            assert r.created is not None
+            return r.bound if r.bound is not None and not r.waited else r.created
+
+        # share-sim's Timeline numbers arrivals in time order: the live ones, so sorted, and the records with them.
+        order = sorted(created, key=lambda i: (arrived(records[i]), i))
+        live = [Arrival(arrived(records[i]), arrivals[i].pod, arrivals[i].duration) for i in order]
         super().__init__(workload, policy, live, warmup_s, end_s, seed)
-        self.records = records[: len(created)]
+        self.records = [records[i] for i in order]
         self.node_index = {n.name: k for k, n in enumerate(workload.nodes)}
 
     def replay(self) -> None:
         events: list[tuple[float, int, int, str]] = []  # (time, order at one instant, arrival, what)
         for seq, r in enumerate(self.records):
-            assert r.created is not None
             if r.waited or r.bound is None:
-                events.append((r.created, 2, seq, "wait"))
+                events.append((self.arrivals[seq].time, 2, seq, "wait"))
                 if r.bound is not None:
                     events.append((r.bound, 1, seq, "bound"))
-                start = r.bound
             else:
-                events.append((r.created, 1, seq, "place"))
-                start = r.created
-            if r.deleted is not None and start is not None:
+                events.append((r.bound, 1, seq, "place"))
+            if r.deleted is not None and r.bound is not None:
                 # A departure first at one instant (its room is there for others), but never before its own start.
-                events.append((r.deleted, 0 if r.deleted > start else 3, seq, "leave"))
+                events.append((r.deleted, 0 if r.deleted > r.bound else 3, seq, "leave"))
         events.sort()
         for t, _, seq, what in events:
             if t > self.end_s:
