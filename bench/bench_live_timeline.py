@@ -16,6 +16,7 @@ seconds. Prints a table, then one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -135,6 +136,8 @@ def main() -> int:
         finally:
             cp.stop()
     wall_s = time.monotonic() - started
+    if args.workdir is not None:  # the live records, kept: the figures can be computed again without a rerun
+        (args.workdir / "records.json").write_text(json.dumps([dataclasses.asdict(r) for r in live.records]))
     figures = live_figures(workload, arrivals, live.records, warmup_s, end_s, policy, args.seed)
 
     first_try = [

@@ -524,25 +524,25 @@ class RecordedTimeline(Timeline):
         created = [i for i, r in enumerate(records) if r.created is not None]
         if created != list(range(len(created))):
             raise ValueError("the live arrivals were not created in order")
-        # What the watch showed after the end (the run goes on while it stops) did not happen by the end.
-        records = [
-            replace(
-                r,
-                bound=r.bound if r.bound is not None and r.bound <= end_s else None,
-                deleted=r.deleted if r.deleted is not None and r.deleted <= end_s else None,
-            )
-            for r in records
-        ]
 
         def arrived(r: PodRecord) -> float:
             assert r.created is not None
             return r.bound if r.bound is not None and not r.waited else r.created
 
-        # share-sim's Timeline numbers arrivals in time order: the live ones, so sorted, and the records with them.
-        order = sorted(created, key=lambda i: (arrived(records[i]), i))
+        # share-sim's Timeline numbers arrivals in time order: the live ones, so sorted, and the records with
+        # them; a pod bound at its first try only after the end arrived after it.
+        order = sorted((i for i in created if arrived(records[i]) <= end_s), key=lambda i: (arrived(records[i]), i))
         live = [Arrival(arrived(records[i]), arrivals[i].pod, arrivals[i].duration) for i in order]
         super().__init__(workload, policy, live, warmup_s, end_s, seed)
-        self.records = [records[i] for i in order]
+        # What the watch showed after the end (the run goes on while it stops) did not happen by the end.
+        self.records = [
+            replace(
+                records[i],
+                bound=records[i].bound if (records[i].bound or 0.0) <= end_s else None,
+                deleted=records[i].deleted if (records[i].deleted or 0.0) <= end_s else None,
+            )
+            for i in order
+        ]
         self.node_index = {n.name: k for k, n in enumerate(workload.nodes)}
 
     def replay(self) -> None:
