@@ -3,13 +3,16 @@
 Every node is reduced to a hashable `NodeView`; nodes in the same state share one interned id, and for
 policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) is computed once with the
 policy's own `evaluate` and reused until no node is in that state any more. The ATC'23 protocol
-(engine.py: pods only arrive) and the timeline (timeline.py: pods arrive, wait and leave) both place
-through `ClusterState.best`, so what one measures the other measures too.
+(engine.py: pods only arrive) places through `ClusterState.best`, a scan of every state; the timeline
+(timeline.py: pods arrive, wait and leave, hundreds of thousands of times) through `best_indexed`, the
+same choice from a heap per demand that only looks at the states born since that demand last asked.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
+from collections.abc import Iterable
 from collections.abc import Iterator
 
 import share_placement as placement
@@ -56,6 +59,12 @@ class ClusterState:
         self.memo: dict[int, list] = {}  # state id -> evaluation per demand id (_MISSING: not yet)
         self.node_state: list[int] = []
         self._next_id = 0
+        # Every state id in the order it was first taken by a node (ids are never reused), and per state
+        # its GPUs' free units in descending order: the indexed chooser's quick "cannot fit" test.
+        self.born: list[int] = []
+        self.desc: dict[int, tuple[int, ...]] = {}
+        self._heaps: list[list[tuple[float, int]]] = [[] for _ in self.demands]
+        self._read: list[int] = [0] * len(self.demands)  # how much of `born` each demand's heap has seen
         for i, n in enumerate(workload.nodes):
             sid = self.intern((tuple((n.model, g) for g in n.gpus), n.cpu, n.memory))
             self.node_state.append(sid)
@@ -68,6 +77,8 @@ class ClusterState:
             self._next_id += 1
             self.state_views[sid] = view
             self.memo[sid] = [_MISSING] * len(self.demands)
+            self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
+            self.born.append(sid)
         return sid
 
     def view(self, node: int) -> NodeView:
@@ -134,6 +145,125 @@ class ClusterState:
                     best_score, best_node, best_ev = ev[0], i, ev
         return None if best_ev is None else (best_node, best_ev)
 
+    def cannot_fit(self, sid: int, dix: int) -> bool:
+        """True when the demand surely does not fit state `sid` (too little CPU, memory, or too few GPUs
+        with room, whatever their model): `eligible_positions` would say None. False: maybe it fits."""
+        d = self.demands[dix]
+        _, cpu_free, mem_free = self.state_views[sid]
+        if (cpu_free is not None and cpu_free < d.cpu) or (mem_free is not None and mem_free < d.memory):
+            return True
+        if d.count == 0:
+            return False
+        desc = self.desc[sid]
+        return len(desc) < d.count or desc[d.count - 1] < d.per_gpu
+
+    def fits(self, sid: int, dix: int) -> bool:
+        """Whether demand `dix` fits a node in state `sid` (the policy's own answer where it is cacheable)."""
+        if self.cacheable:
+            return self.evaluation(sid, dix) is not None
+        row = self.memo[sid]
+        ok = row[dix]
+        if ok is _MISSING:
+            ok = row[dix] = not self.cannot_fit(sid, dix) and (
+                placement.eligible_positions(self.state_views[sid], self.demands[dix]) is not None
+            )
+        return ok
+
+    def best_indexed(self, dix: int, rng: random.Random | None = None) -> tuple[int, placement.Evaluation] | None:
+        """`best`'s choice, found without scanning every state (the timeline's hot path).
+
+        Cacheable policies: a heap per demand of (-score, state id) over the states alive when the demand
+        last asked, topped up from `born` and cleaned lazily of states no node is in any more. Ties: the
+        first node, or for `random_ties` a uniform pick among the tied nodes (states in id order), no draw
+        when one node is best. A policy that is not cacheable is asked node by node (`best`), unless it
+        says `uniform_scores` (random): it scores every node independently and uniformly, so its best
+        node is a uniform pick among the nodes that fit: drawn with `rng` (rejection sampling, then a
+        scan), and placed on the GPUs its own `evaluate` picks there."""
+        if not self.cacheable:
+            if not getattr(self.policy, "uniform_scores", False):
+                return self.best(dix)
+            return self._uniform_fit(dix, rng if rng is not None else random.Random(0))
+        heap = self._heaps[dix]
+        members = self.members
+        born = self.born
+        start = self._read[dix]
+        if start < len(born):
+            self._read[dix] = len(born)
+            if len(born) - start > len(members):  # more news than states: rebuild from the live states
+                heap.clear()
+                self._top_up(heap, dix, members)
+                heapq.heapify(heap)
+            else:
+                self._top_up(heap, dix, born[start:])
+        pop = heapq.heappop
+        while heap and heap[0][1] not in members:
+            pop(heap)
+        if not heap:
+            return None
+        top = heap[0][0]
+        tied: list[tuple[float, int]] = []
+        while heap and heap[0][0] == top:
+            e = pop(heap)
+            if e[1] in members:
+                tied.append(e)
+        for e in tied:  # popped in state-id order: pushing back in that order keeps the heap cheap
+            heapq.heappush(heap, e)
+        if self.tie_rng is not None:
+            total = sum(len(members[sid]) for _, sid in tied)
+            pick = self.tie_rng.randrange(total) if total > 1 or self.draw_single_tie else 0
+            for _, sid in tied:
+                if pick < len(members[sid]):
+                    return members[sid][pick], self.memo[sid][dix]
+                pick -= len(members[sid])
+            raise AssertionError("unreachable: pick < total")  # pragma: no cover
+        sid = min((members[sid][0], sid) for _, sid in tied)[1]
+        return members[sid][0], self.memo[sid][dix]
+
+    def _top_up(self, heap: list[tuple[float, int]], dix: int, sids: Iterable[int]) -> None:
+        """Push (-score, state id) for every live state of `sids` the demand fits, evaluating where needed."""
+        memo, views, desc_of = self.memo, self.state_views, self.desc
+        demand = self.demands[dix]
+        evaluate = self.evaluate
+        count, per, cpu, mem = demand.count, demand.per_gpu, demand.cpu, demand.memory
+        push = heapq.heappush
+        for sid in sids:
+            row = memo.get(sid)
+            if row is None:  # born and gone since this demand last asked
+                continue
+            ev = row[dix]
+            if ev is _MISSING:
+                # `cannot_fit`, inlined: this loop is the timeline's hottest.
+                view = views[sid]
+                desc = desc_of[sid]
+                if (
+                    (view[1] is not None and view[1] < cpu)
+                    or (view[2] is not None and view[2] < mem)
+                    or (count and (len(desc) < count or desc[count - 1] < per))
+                ):
+                    ev = row[dix] = None
+                else:
+                    ev = row[dix] = evaluate(view, demand)
+            if ev is not None:
+                push(heap, (-ev[0], sid))
+
+    def _uniform_fit(self, dix: int, rng: random.Random) -> tuple[int, placement.Evaluation] | None:
+        """A node drawn uniformly among those the demand fits, with the policy's evaluation there."""
+        node_state = self.node_state
+        n = len(node_state)
+        for _ in range(16):  # rejection sampling: exact, and quick while many nodes fit
+            node = rng.randrange(n)
+            if self.fits(node_state[node], dix):
+                break
+        else:
+            fitting = [i for i, sid in enumerate(node_state) if self.fits(sid, dix)]
+            if not fitting:
+                return None
+            node = fitting[rng.randrange(len(fitting))]
+        ev = self.evaluate(self.state_views[node_state[node]], self.demands[dix])
+        if ev is None:  # pragma: no cover - fits() and evaluate() disagree: a policy bug
+            raise AssertionError(f"{self.policy!r} refused node {node} that fits")
+        return node, ev
+
     def place(self, node: int, dix: int, positions: tuple[int, ...]) -> None:
         """Take demand `dix` on `node`'s GPUs at view `positions` (and its CPU and memory)."""
         self._shift(node, self.demands[dix], positions, -1)
@@ -164,6 +294,7 @@ class ClusterState:
             del self.members[old]
             if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
                 del self.memo[old]
+                del self.desc[old]
                 del self.state_ids[self.state_views.pop(old)]
         new_members = self.members.setdefault(new, [])
         new_members.append(node)
