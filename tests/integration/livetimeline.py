@@ -568,10 +568,10 @@ class RecordedTimeline(Timeline):
                 self.release(seq)
             else:
                 if what == "bound":
-                    self._remove_waiting(seq)
+                    self.unqueue(seq)
                 self._place_recorded(seq)
         self._advance(self.end_s)
-        self._arrived = len(self.records)
+        self.arrived = len(self.records)
 
     def _place_recorded(self, seq: int) -> None:
         r = self.records[seq]
