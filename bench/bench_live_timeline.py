@@ -65,6 +65,12 @@ def table(sim: dict, live: dict) -> str:
     return "\n".join(rows)
 
 
+def chart_policies() -> list[str]:
+    """The policies the chart installs (its values schema's scheduler.policy), each one share-sim knows."""
+    schema = json.loads((ROOT / "charts" / "gpushare" / "values.schema.json").read_text())
+    return [p for p in schema["properties"]["scheduler"]["properties"]["policy"]["enum"] if p in POLICIES]
+
+
 def label(key: str, name: str) -> str:
     """The value of label `name` in a Prometheus series key (`series{a="x",b="y"}`), or ""."""
     for part in key.partition("{")[2].rstrip("}").split(","):
@@ -91,7 +97,7 @@ def scheduler_summary(counters: dict[str, float]) -> dict[str, dict[str, int]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", default="frag", choices=sorted(POLICIES), help="the chart's scheduler.policy")
+    ap.add_argument("--policy", default="frag", choices=chart_policies(), help="the chart's scheduler.policy")
     ap.add_argument("--nodes", type=int, default=200, help="openb nodes in the sample (model mix kept)")
     ap.add_argument("--seed", type=int, default=0, help="node sample, arrivals and ties")
     ap.add_argument("--rho", type=float, default=0.9, help="offered GPU load")
