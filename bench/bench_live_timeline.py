@@ -10,7 +10,7 @@ clock runs --compression times faster than the simulated one; waits and times ar
 seconds. Prints a table, then one JSON object as the last line.
 
   python bench/bench_live_timeline.py                         # frag, 200 nodes, rho 0.9, seed 0
-  python bench/bench_live_timeline.py --policy bestfit --nodes 100 --compression 10
+  python bench/bench_live_timeline.py --policy binpack --nodes 100 --compression 10
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from share_scheduler.sim.workload import load_openb  # noqa: E402
 from tests.controlplane.binaries import k8s_bin_dir  # noqa: E402
 from tests.controlplane.cluster import ControlPlane  # noqa: E402
 from tests.integration import livesim  # noqa: E402
-from tests.integration.livetimeline import live_figures  # noqa: E402
+from tests.integration.livefigures import live_figures  # noqa: E402
 from tests.integration.livetimeline import run_live_timeline  # noqa: E402
 
 

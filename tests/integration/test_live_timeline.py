@@ -26,9 +26,9 @@ from share_scheduler.sim.workload import SimNode
 from share_scheduler.sim.workload import SimPod
 from share_scheduler.sim.workload import Workload
 from tests.controlplane import ControlPlane
+from tests.integration.livefigures import live_figures
 from tests.integration.livetimeline import CHART_SCHEDULER
 from tests.integration.livetimeline import NAMESPACE
-from tests.integration.livetimeline import live_figures
 from tests.integration.livetimeline import run_live_timeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -13,8 +13,8 @@ from share_scheduler.sim.timeline import poisson_arrivals
 from share_scheduler.sim.workload import Workload
 from share_scheduler.sim.workload import load_openb
 from tests.integration import livesim
-from tests.integration.livetimeline import PodRecord
-from tests.integration.livetimeline import live_figures
+from tests.integration.livefigures import PodRecord
+from tests.integration.livefigures import live_figures
 
 
 class Recording(Timeline):
