@@ -16,9 +16,9 @@ from share_scheduler.sim.workload import Workload
 
 @dataclass
 class PodRecord:
-    """One arrival, live, in simulated seconds: created (the create request was sent), bound (the watch
-    showed it bound), deleted (the delete request was sent); None where that never happened before the
-    end. `node` and `gpus`: where it went. `waited`: kube-scheduler's first try found no room (the pod
+    """One arrival, live, in simulated seconds: created (the create request went out), bound (the watch
+    showed it bound), deleted (the watch showed it gone: until then it held its room); None where that
+    never happened. `node` and `gpus`: where it went. `waited`: kube-scheduler's first try found no room (the pod
     got PodScheduled=False, reason Unschedulable), so it waited in the queue; a pod bound at its first
     try did not wait, however long that try took."""
 

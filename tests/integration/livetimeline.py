@@ -13,9 +13,10 @@ a PriorityClass that never preempts (`preemptionPolicy: Never`: share-sim's time
 The clock: simulated time t runs `compression` times faster than the wall clock, t = compression x (wall
 seconds since the start). Each arrival is created when its time comes; kube-scheduler alone decides when
 it is tried again (its own queue, backoff and requeueing on cluster events); once the watch shows it bound,
-its departure is due `duration` simulated seconds later, and then it is deleted (grace period 0). Every
-time is taken on this side, when the request is sent or the watch event arrives, and converted to
-simulated seconds, so the figures are computed from the same kind of records share-sim keeps.
+its departure is due `duration` simulated seconds later, and then it is deleted (grace period 0); it frees
+its room when the watch shows it gone. Every time is taken on this side, when the request is sent or the
+watch event arrives, and converted to simulated seconds, so the figures are computed from the same kind of
+records share-sim keeps (tests/integration/livefigures.py).
 """
 
 from __future__ import annotations
@@ -269,6 +270,7 @@ class LiveTimeline:
         self.errors: list[str] = []
         self.held: dict[str, tuple[str, tuple[int, ...], int]] = {}  # bound, not deleted: node, GPUs, per GPU
         self.gone: set[str] = set()  # pods the watch has shown deleted
+        self.asked: set[int] = set()  # arrivals whose delete request went out
         self._lock = threading.Condition()
         self._due: list[tuple[float, int, str, int]] = []  # (simulated time, seq, "create"|"delete", arrival)
         self._seq = itertools.count()
@@ -287,12 +289,14 @@ class LiveTimeline:
             return
         node = pod_node(pod)
         with self._lock:
-            if event_type == "DELETED":
+            record = self.records[i]
+            if event_type == "DELETED":  # gone from the API server: its room is free from now
                 self.held.pop(name, None)
                 self.gone.add(name)
+                if record.deleted is None:
+                    record.deleted = self._clock.now()
                 self._lock.notify_all()
                 return
-            record = self.records[i]
             if not node:
                 if record.bound is None and unschedulable(pod):
                     record.waited = True  # kube-scheduler found it no room: it went to the queue
@@ -313,10 +317,16 @@ class LiveTimeline:
     # -- requests ---------------------------------------------------------------------------------
 
     def _send(self, kind: str, i: int, due: float) -> None:
-        """Create or delete arrival `i`, due at simulated second `due`; how late it went out is noted."""
+        """Create or delete arrival `i`, due at simulated second `due`; how late it went out is noted, and a
+        creation's time is taken as the request goes out."""
         assert self._clock is not None
         with self._lock:
-            self.lag.append((self._clock.now() - due) / self.compression)
+            now = self._clock.now()
+            self.lag.append((now - due) / self.compression)
+            if kind == "create":
+                self.records[i].created = now
+            else:
+                self.asked.add(i)
         path = f"/api/v1/namespaces/{NAMESPACE}/pods"
         try:
             if kind == "create":
@@ -354,11 +364,6 @@ class LiveTimeline:
                         self._lock.wait(max(0.0, clock.wall_at(wake) - time.monotonic()))
                         continue
                     t, _, kind, i = heapq.heappop(self._due)
-                    record = self.records[i]
-                    if kind == "create":
-                        record.created = now
-                    else:
-                        record.deleted = now
                 if watch.error is not None:
                     raise RuntimeError(f"the pod watch died: {watch.error!r}")
                 self._pool.submit(self._send, kind, i, t)
@@ -390,8 +395,7 @@ class LiveTimeline:
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                missing = [self.names[i] for i, r in enumerate(self.records) if r.deleted is not None
-                           and self.names[i] not in self.gone]  # fmt: skip
+                missing = [self.names[i] for i in self.asked if self.names[i] not in self.gone]
                 left = deadline - time.monotonic()
                 if not missing or left <= 0:
                     return not missing
