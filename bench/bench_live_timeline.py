@@ -105,7 +105,7 @@ def main() -> int:
     ap.add_argument("--warmup-days", type=float, default=1 / 144, help="left out of every figure (default 10 min)")
     ap.add_argument("--cap-days", type=float, default=1 / 144, help="longest duration, days (default 10 min)")
     ap.add_argument("--trace-compress", type=float, default=None, help="the trace's own arrivals, time / this")
-    ap.add_argument("--compression", type=float, default=5.0, help="simulated seconds per wall second")
+    ap.add_argument("--compression", type=float, default=3.0, help="simulated seconds per wall second")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the control plane's files and logs here")
     args = ap.parse_args()
 
