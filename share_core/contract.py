@@ -45,6 +45,11 @@ ANN_GPU_MEM = ANNOTATION_PREFIX + "gpu-mem"
 ANN_ASSUME_TIME = ANNOTATION_PREFIX + "assume-time"
 ANN_ASSIGNED = ANNOTATION_PREFIX + "assigned"
 
+# Pod annotation written by the extender's leader on a pod it holds GPU memory for (a preemptor, a pod
+# that waited too long, a consolidation's waiting pod): a JSON list of holds (share_core/holds.py), so a
+# restarted extender or the other replica rebuilds them from the API server.
+ANN_HOLDS = ANNOTATION_PREFIX + "holds"
+
 # Pod annotations a user may set.
 ANN_GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
 ANN_GPU_MODEL = ANNOTATION_PREFIX + "gpu-model"

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from datetime import UTC
+from datetime import datetime
 from typing import Any
 
 CONTENT_TYPE = "application/vnd.kubernetes.protobuf"
@@ -146,7 +148,13 @@ def build_messages(
     from google.protobuf import message_factory
 
     F = descriptor_pb2.FieldDescriptorProto
-    scalars = {"string": F.TYPE_STRING, "bytes": F.TYPE_BYTES, "int32": F.TYPE_INT32}
+    scalars = {
+        "string": F.TYPE_STRING,
+        "bytes": F.TYPE_BYTES,
+        "int32": F.TYPE_INT32,
+        "int64": F.TYPE_INT64,
+        "bool": F.TYPE_BOOL,
+    }
     fd = descriptor_pb2.FileDescriptorProto(name=file_name, package=pkg, syntax="proto2")
     for name, fields in messages.items():
         msg = fd.message_type.add(name=name)
@@ -185,12 +193,20 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
         scalar("namespace", META_NAMESPACE),
         scalar("uid", META_UID),
         scalar("resourceVersion", 6),
+        one("deletionTimestamp", 9, "Time"),
         map_field("annotations", META_ANNOTATIONS),
+        many("ownerReferences", 13, "OwnerReference"),
     ),
+    # meta/v1 Time and OwnerReference: whether a pod is terminating, and who recreates it (preemption
+    # and consolidation, share_core.holds)
+    "Time": (scalar("seconds", 1, "int64"), scalar("nanos", 2, "int32")),
+    "OwnerReference": (scalar("kind", 1), scalar("name", 3), scalar("uid", 4), scalar("controller", 6, "bool")),
     "PodSpec": (
         many("containers", 2, "Container"),
         scalar("nodeName", 10),
         scalar("schedulerName", 19),
+        scalar("priority", 25, "int32"),
+        scalar("preemptionPolicy", 31),
         many("initContainers", 20, "Container"),
         map_field("overhead", 32, "Quantity"),
         many("resourceClaims", 39, "PodResourceClaim"),
@@ -277,6 +293,10 @@ class SlimSpec(dict[str, Any]):
 
     def __init__(self, message: Any) -> None:
         super().__init__(nodeName=message.nodeName, schedulerName=message.schedulerName)
+        if message.HasField("priority"):
+            dict.__setitem__(self, "priority", message.priority)
+        if message.preemptionPolicy:
+            dict.__setitem__(self, "preemptionPolicy", message.preemptionPolicy)
         if message.resourceClaims:  # a DRA pod: its GPUs are in its claims (the extender learns them at filter)
             dict.__setitem__(self, "resourceClaims", [_resource_claim(c) for c in message.resourceClaims])
         self._message = message
@@ -333,6 +353,10 @@ def slim_pod(message: Any) -> dict[str, Any]:
     meta = {"name": m.name, "namespace": m.namespace, "uid": m.uid, "resourceVersion": m.resourceVersion}
     if m.annotations:
         meta["annotations"] = dict(m.annotations)
+    if m.HasField("deletionTimestamp"):
+        meta["deletionTimestamp"] = _rfc3339(m.deletionTimestamp.seconds)
+    if m.ownerReferences:
+        meta["ownerReferences"] = [_owner_reference(r) for r in m.ownerReferences]
     pod = {"metadata": meta, "spec": SlimSpec(message.spec)}
     st = message.status
     status: dict[str, Any] = {"phase": st.phase} if st.phase else {}
@@ -349,6 +373,18 @@ def slim_pod(message: Any) -> dict[str, Any]:
     if status:
         pod["status"] = status
     return pod
+
+
+def _rfc3339(seconds: int) -> str:
+    """A meta/v1 Time as the JSON API writes it (whole seconds, UTC)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owner_reference(r: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": r.kind, "name": r.name, "uid": r.uid}
+    if r.HasField("controller"):
+        out["controller"] = r.controller
+    return out
 
 
 def _container_status(cs: Any) -> dict[str, Any]:

@@ -49,7 +49,9 @@ from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import BadRequest
 from share_scheduler.extender import pod_demand
 from share_scheduler.extender import unfit_reason
+from share_scheduler.holds import Asker
 from share_scheduler.nodes import Contribution
+from share_scheduler.nodes import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,9 @@ class Binder:
         self.policy_lock = threading.Lock()  # policies need not be thread-safe
         # PodUID -> (namespace/name, GPU request, demand) as filter saw it; a pending pod's resources do
         # not change (an in-place resize applies to bound pods only).
-        self._seen: TTLCache[str, tuple[str, PodRequest | None, Demand]] = TTLCache(maxsize=SEEN_LIMIT, ttl=SEEN_TTL)
+        self._seen: TTLCache[str, tuple[str, PodRequest | None, Demand, Asker]] = TTLCache(
+            maxsize=SEEN_LIMIT, ttl=SEEN_TTL
+        )
         self._seen_lock = threading.Lock()
 
     def _node_lock(self, node: str) -> threading.Lock:
@@ -139,16 +143,22 @@ class Binder:
         uid = _uid(pod)
         if uid:
             with self._seen_lock:
-                self._seen[uid] = (_key(pod), request, demand)
+                self._seen[uid] = (_key(pod), request, demand, Asker.of(pod))
 
-    def _recall(self, args: BindArgs) -> tuple[PodRequest | None, Demand] | None:
+    def _recall(self, args: BindArgs) -> tuple[PodRequest | None, Demand, Asker] | None:
         if not args.uid:
             return None
         with self._seen_lock:
             seen = self._seen.get(args.uid)
         if seen is None or seen[0] != args.key:
             return None
-        return seen[1], seen[2]
+        return seen[1], seen[2], seen[3]
+
+    def _snapshot_for(self, node: str, asker: Asker) -> NodeSnapshot | None:
+        """The node as `asker` may use it: memory held for other pods it must respect counts as taken."""
+        holds = self.cache.holds
+        held = holds.against(asker).get(node) if holds.active else None
+        return self.cache.node_snapshot(node, held)
 
     def bind(self, args: BindArgs) -> str:
         """Bind the pod; returns a human summary. Raises BindError."""
@@ -179,9 +189,10 @@ class Binder:
                 request, demand = pod_demand(pod)
             except InvalidRequest as exc:
                 raise BindError(f"pod {args.key}: {exc}", "invalid_request") from exc
+            asker = Asker.of(pod)
         else:
-            request, demand = recalled
-        assignment, summary = self._reserve(args, request, demand)
+            request, demand, asker = recalled
+        assignment, summary = self._reserve(args, request, demand, asker)
         self._bind_with(args, assignment)
         return summary
 
@@ -197,7 +208,7 @@ class Binder:
         with self._node_lock(node):
             if self.cache.assumption(key) is not None:
                 self.cache.forget(key)  # a retried pod: its earlier hold must not count against itself
-            snap = self.cache.node_snapshot(node)
+            snap = self._snapshot_for(node, Asker.of(pod))
             if snap is None:
                 return False
             with self.policy_lock:
@@ -207,7 +218,9 @@ class Binder:
             self.cache.hold(key, uid, Contribution(node, chosen, demand.per_gpu, demand.cpu, demand.memory))
             return True
 
-    def _reserve(self, args: BindArgs, request: PodRequest | None, demand: Demand) -> tuple[Assignment | None, str]:
+    def _reserve(
+        self, args: BindArgs, request: PodRequest | None, demand: Demand, asker: Asker
+    ) -> tuple[Assignment | None, str]:
         """Choose under the node's lock and count the choice before the lock is released.
 
         A hold filter made for this pod on this node is the choice (it is already counted). A pod that
@@ -231,7 +244,7 @@ class Binder:
             else:
                 if held is not None:
                     self.cache.forget(args.key)  # held elsewhere: kube-scheduler chose otherwise
-                snap = self.cache.node_snapshot(args.node)
+                snap = self._snapshot_for(args.node, asker)
                 if snap is None:
                     raise BindError(f"node {args.node} is not known to the gpushare extender", "unknown_node")
                 with self.policy_lock:

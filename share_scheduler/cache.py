@@ -52,6 +52,7 @@ from share_placement import NodeState
 from share_placement import NodeView
 from share_scheduler.drastate import CLAIM_PART
 from share_scheduler.drastate import DraIndex
+from share_scheduler.holds import HoldBook
 from share_scheduler.nodes import Assumed
 from share_scheduler.nodes import Contribution
 from share_scheduler.nodes import NodeEntry
@@ -59,6 +60,7 @@ from share_scheduler.nodes import NodeSnapshot
 from share_scheduler.nodes import PodFacts
 from share_scheduler.nodes import PodRecord
 from share_scheduler.nodes import demand_of
+from share_scheduler.nodes import pod_holds_facts
 from share_scheduler.nodes import pod_record
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,8 @@ class ClusterCache:
         self._gpu_sizes: Counter[int] = Counter()
         self._largest_gpu = 0
         self._on_largest_gpu: Callable[[int], None] | None = None
+        # GPU memory held for pods not bound yet (preemption, reservations), fed by the pod watch.
+        self.holds = HoldBook()
 
     def set_observer(self, on_new_pod: Callable[[Demand], None] | None) -> None:
         """Called once per pod with its demand, GPU or not (under the cache lock: keep it quick); a pod
@@ -437,7 +441,8 @@ class ClusterCache:
                 c = record.contribution
                 host = (c.cpu, c.memory) if c is not None else pod_host_request(pod)[:2]
                 demand = demand_of(request, *host)
-        return PodFacts(record, pod_is_finished(pod), demand)
+        holds, hold_problem = pod_holds_facts(pod)
+        return PodFacts(record, pod_is_finished(pod), demand, holds, hold_problem)
 
     def _note_request(self, facts: PodFacts) -> None:
         """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive):
@@ -466,6 +471,9 @@ class ClusterCache:
             # nodeName never goes from set to unset for one pod: this event predates the Binding.
             return
         self._note_request(facts)
+        self.holds.pod_seen(
+            record.key, record.uid, record.node, record.owner_uid, facts.finished, facts.holds, facts.hold_problem
+        )
         self._pods[record.key] = record
         assumed = self._assumed.get(record.key)
         if assumed is not None and (record.node or (assumed.uid and record.uid and assumed.uid != record.uid)):
@@ -478,6 +486,7 @@ class ClusterCache:
     def _drop_pod_locked(self, key: str) -> None:
         record = self._pods.pop(key, None)
         self._assumed.pop(key, None)
+        self.holds.pod_gone(key)
         if record is not None:
             self._seen_requests.discard(record.uid or key)
         self._refresh(key)
@@ -505,6 +514,7 @@ class ClusterCache:
             for facts in parsed:
                 self._set_pod_locked(facts)
                 keys.add(facts.record.key)
+            self.holds.keep_only(keys)
             for key in set(self._pods) - keys:
                 record = self._pods.pop(key)
                 self._seen_requests.discard(record.uid or key)
@@ -573,14 +583,28 @@ class ClusterCache:
         snap = self.node_snapshot(name)
         return snap.state if snap is not None else None
 
-    def node_snapshot(self, name: str) -> NodeSnapshot | None:
+    def node_snapshot(self, name: str, held: Mapping[int, int] | None = None) -> NodeSnapshot | None:
+        """The node now; with `held` (GPU index -> units held for others), as a pod that must respect
+        those holds sees it."""
         with self._lock:
             self._expire()
             entry = self._nodes.get(name)
-            return self._snapshot(entry) if entry is not None else None
+            if entry is None:
+                return None
+            return self._held_snapshot(entry, held) if held else self._snapshot(entry)
 
-    def entries(self, names: Iterable[str]) -> list[tuple[str, NodeSnapshot | None]]:
-        """Immutable snapshots of the named nodes for filter/prioritize/bind (None: unknown node).
+    def _held_snapshot(self, entry: NodeEntry, held: Mapping[int, int]) -> NodeSnapshot:
+        """A snapshot of the node with `held` more taken; interned like any other (same view, same id),
+        so scores memoised for that view answer for it too."""
+        if len(self._views) >= max(VIEW_INTERN_LIMIT, 4 * len(self._nodes)):
+            self._views = {}
+        return entry.holding(held).snapshot(self._views)
+
+    def entries(
+        self, names: Iterable[str], held: Mapping[str, Mapping[int, int]] | None = None
+    ) -> list[tuple[str, NodeSnapshot | None]]:
+        """Immutable snapshots of the named nodes for filter/prioritize/bind (None: unknown node); with
+        `held` (node -> GPU index -> units, HoldBook.against), the held nodes as the asking pod sees them.
 
         Only the lookups happen under the lock; a snapshot is rebuilt only for a node that changed
         since it was last read, so a request over 5,000 unchanged nodes allocates almost nothing."""
@@ -588,6 +612,16 @@ class ClusterCache:
             self._expire()
             get = self._nodes.get
             snapshot = self._snapshot
+            if held:
+                return [
+                    (
+                        name,
+                        None
+                        if (e := get(name)) is None
+                        else (self._held_snapshot(e, held[name]) if name in held else (e._snap or snapshot(e))),
+                    )
+                    for name in names
+                ]
             return [(name, None if (e := get(name)) is None else (e._snap or snapshot(e))) for name in names]
 
     def node_changes(self, cursor: int | None) -> tuple[int, list[tuple[str, NodeSnapshot | None]], bool]:
@@ -607,6 +641,13 @@ class ClusterCache:
                 [(name, None if (e := get(name)) is None else (e._snap or snapshot(e))) for name in names],
                 False,
             )
+
+    def pods_on(self, node: str) -> list[PodRecord]:
+        """The pods the API server shows bound to `node` and counted there (preemption's candidates)."""
+        with self._lock:
+            self._expire()
+            pods = self._pods
+            return [pods[k] for k in self._by_node.get(node, ()) if k in pods and pods[k].node == node]
 
     def node_count(self) -> int:
         return len(self._nodes)

@@ -20,7 +20,14 @@ from share_core.assignment import pod_annotations
 from share_core.assignment import pod_is_finished
 from share_core.assignment import pod_key
 from share_core.assignment import pod_node
+from share_core.contract import ANN_HOLDS
 from share_core.gpus import GpuInfo
+from share_core.holds import Hold
+from share_core.holds import InvalidHolds
+from share_core.holds import pod_controller_uid
+from share_core.holds import pod_holds
+from share_core.holds import pod_is_terminating
+from share_core.holds import pod_priority
 from share_core.podresources import Allocatable
 from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest
@@ -56,6 +63,9 @@ class PodRecord:
     contribution: Contribution | None  # None: holds nothing (finished or unbound); a bound pod holds its host share
     assigned: bool = False
     problem: str = ""  # garbage annotations or quantities we could not honour
+    priority: int = 0  # spec.priority (preemption weighs victims by it)
+    owner_uid: str = ""  # the controller that recreates it ("" for a bare pod)
+    terminating: bool = False  # deleted, still in its grace period: still counted, never a victim again
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +76,8 @@ class PodFacts:
     record: PodRecord
     finished: bool
     demand: Demand | None = None
+    holds: tuple[Hold, ...] | None = None  # the pod's gpushare.io/holds (None: it has no such annotation)
+    hold_problem: str = ""  # why its holds annotation could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +97,8 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     uid = str((pod.get("metadata") or {}).get("uid") or "")
     node = pod_node(pod)
     if not node or pod_is_finished(pod):
-        return PodRecord(key, uid, node, None)
+        return PodRecord(key, uid, node, None, priority=pod_priority(pod), owner_uid=pod_controller_uid(pod))
+    who = {"priority": pod_priority(pod), "owner_uid": pod_controller_uid(pod), "terminating": pod_is_terminating(pod)}
     host = pod_host_request(pod)
     problem = f"CPU/memory request: {host.problem}" if host.problem else ""
     try:
@@ -94,7 +107,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         problem = f"{exc}; {problem}" if problem else str(exc)
         assignment = None
     if assignment is None:
-        return PodRecord(key, uid, node, Contribution(node, (), 0, host.cpu, host.memory), problem=problem)
+        return PodRecord(key, uid, node, Contribution(node, (), 0, host.cpu, host.memory), problem=problem, **who)
     return PodRecord(
         key,
         uid,
@@ -102,7 +115,18 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         Contribution(node, assignment.gpu_indices, assignment.per_gpu, host.cpu, host.memory),
         assignment.assigned,
         problem,
+        **who,
     )
+
+
+def pod_holds_facts(pod: Mapping[str, Any]) -> tuple[tuple[Hold, ...] | None, str]:
+    """(the pod's holds, or None without the annotation; why they could not be read, or "")."""
+    if ANN_HOLDS not in pod_annotations(pod):
+        return None, ""
+    try:
+        return tuple(pod_holds(pod)), ""
+    except InvalidHolds as exc:
+        return (), str(exc)
 
 
 def demand_of(request: PodRequest | None, cpu: int = 0, memory: int = 0) -> Demand:
@@ -176,6 +200,27 @@ class NodeEntry:
 
     def touch(self) -> None:
         self._snap = None
+
+    def holding(self, held: Mapping[int, int]) -> NodeEntry:
+        """A copy with `held` units (GPU index -> units) more taken on its GPUs (a pod that must respect
+        holds sees the node so); the original and its snapshot are untouched."""
+        used = list(self.used)
+        for index, units in held.items():
+            pos = self.position.get(index)
+            if pos is not None:
+                used[pos] += units
+        return NodeEntry(
+            self.name,
+            self.gpus,
+            used,
+            self.position,
+            self.problem,
+            self.allocatable,
+            self.cpu,
+            self.memory,
+            self.pods,
+            self.order,
+        )
 
     def snapshot(self, intern: dict[NodeView, int] | None = None) -> NodeSnapshot:
         """The node as it is now (memoised until it changes; call under the cache lock).

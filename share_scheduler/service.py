@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,8 @@ from share_scheduler.extender import host_priorities
 from share_scheduler.extender import parse_extender_request
 from share_scheduler.extender import pod_demand
 from share_scheduler.extender import policy_scores
+from share_scheduler.holds import Asker
+from share_scheduler.leader import Leadership
 from share_scheduler.metrics import Metrics
 from share_scheduler.syncer import Syncer
 
@@ -82,6 +85,8 @@ class Extender:
         filter_keeps: str = "best",
         bind_events: str = "failures",
         dra: bool = False,
+        leader_lease: str | None = None,
+        leader_identity: str | None = None,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -119,12 +124,16 @@ class Extender:
         if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
             cache.set_largest_gpu_observer(self._largest_gpu)
         self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
+        # Who acts unasked (preemption's evictions, reservations): the replica beside the leading kube-scheduler.
+        self.leadership = Leadership(kube, leader_lease, leader_identity)
         self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
 
     def start(self) -> None:
         self.syncer.start()
+        self.leadership.start()
 
     def stop(self) -> None:
+        self.leadership.stop()
         self.syncer.stop()
 
     def observe(self, demand: Demand) -> None:
@@ -160,7 +169,19 @@ class Extender:
         placement = claims.demand if claims is not None and claims.demand is not None else demand
         if placement is not demand:
             self.cache.note_demand(str((args.pod.get("metadata") or {}).get("uid") or ""), placement)
-        if self.keep_best:
+        held = self._held(args.pod)
+        if held:
+            # Memory held for another pod this one must respect (a preemptor's freed GPU, a reservation):
+            # the exact path over the nodes as this pod sees them; the fast paths know no holds.
+            entries = self.cache.entries(args.names, held)
+            passed, failed, unresolvable = filter_nodes(placement, entries, self.unit)
+            if self.keep_best and passed:
+                kept = set(passed)
+                scores = policy_scores(
+                    self.policy, placement, [e for e in entries if e[0] in kept], self.memo, self.binder.policy_lock
+                )
+                passed = best_nodes(scores, self.random_ties)
+        elif self.keep_best:
             passed = self._best(placement, args.names)
             if not passed and placement is not demand:
                 # kube-scheduler's own DRA filter found room for the claims on these nodes; our view of the
@@ -177,6 +198,11 @@ class Extender:
             if claims is not None:
                 self.claims.hold(args.pod, passed[0], claims)
         return 200, filter_result(args, passed, failed, unresolvable)
+
+    def _held(self, pod: Mapping[str, Any]) -> dict[str, dict[int, int]]:
+        """node -> GPU index -> units held for other pods that `pod` must respect ({}: none, the usual)."""
+        holds = self.cache.holds
+        return holds.against(Asker.of(pod)) if holds.active else {}
 
     def _best(self, demand: Demand, names: Sequence[str]) -> list[str]:
         if self.index is not None:
@@ -195,7 +221,7 @@ class Extender:
         claims = self.claims.demand(args.pod, demand) if self.claims is not None else None
         if claims is not None and claims.demand is not None:
             demand = claims.demand  # a DRA pod: ranked with its claims' GPUs
-        entries = self.cache.entries(args.names)
+        entries = self.cache.entries(args.names, self._held(args.pod))
         raw = policy_scores(self.policy, demand, entries, self.memo, self.binder.policy_lock)
         return 200, host_priorities(args.names, raw)
 

@@ -377,8 +377,10 @@ def test_slim_pod_gives_the_cache_the_same_facts(messages, pod):
     assert facts(slim) == facts(pod)
     meta = pod["metadata"]
     keys = ("name", "namespace", "uid", "resourceVersion", "annotations")
-    assert slim["metadata"] == {k: meta[k] for k in keys if k in meta}
+    owner = [{"kind": "Job", "name": "j", "uid": "u", "controller": True}]  # as upstream_pod writes it
+    assert slim["metadata"] == {**{k: meta[k] for k in keys if k in meta}, "ownerReferences": owner}
     spec = slim["spec"]
+    assert spec.get("priority") == pod["spec"]["priority"] and "preemptionPolicy" not in spec
     assert spec.get("nodeName") == pod["spec"].get("nodeName", "")
     assert spec["containers"][0]["resources"] == pod["spec"]["containers"][0]["resources"]
     assert [c["name"] for c in spec["initContainers"]] == [c["name"] for c in pod["spec"].get("initContainers", [])]
@@ -469,3 +471,16 @@ def test_slim_pod_carries_what_kube_scheduler_counts(messages):
     assert want == (4250, 3 * 2**30 + 64 * 2**20, "")
     assert pod_host_request(slim) == want
     assert pod_record(slim) == pod_record(pod)
+
+
+def test_slim_pod_keeps_what_preemption_reads(messages):
+    """A terminating pod's deletionTimestamp and its preemptionPolicy survive the trimmed schema."""
+    pod = json_pod(8, node="node-7")
+    msg = messages["Pod"].FromString(upstream_pod(messages, pod))
+    msg.metadata.deletionTimestamp.seconds = 1795431700
+    msg.spec.preemptionPolicy = "Never"
+    _kind, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
+    assert slim["metadata"]["deletionTimestamp"] == "2026-11-23T11:01:40Z"
+    assert slim["spec"]["preemptionPolicy"] == "Never"
+    record = pod_record(slim)
+    assert (record.priority, record.owner_uid, record.terminating) == (7, "u", True)

@@ -1,0 +1,130 @@
+"""Holds in the extender: memory held for a pod not bound yet is taken for every pod it applies to, in
+filter, prioritize and bind alike, and the book is rebuilt from the API server after a restart."""
+
+from __future__ import annotations
+
+import time
+
+from share_core.contract import ANN_HOLDS
+from share_core.holds import Hold
+from share_core.holds import HoldKind
+from share_core.holds import encode_holds
+from tests.unit.scheduler.conftest import assigned_pod
+from tests.unit.scheduler.conftest import bind_args
+from tests.unit.scheduler.conftest import filter_args
+from tests.unit.scheduler.conftest import make_node
+from tests.unit.scheduler.conftest import make_pod
+from tests.unit.scheduler.conftest import wait_until
+
+
+def with_priority(pod, priority):
+    pod["spec"]["priority"] = priority
+    return pod
+
+
+def holder(name="big", mem=10, priority=1000, kind=HoldKind.PREEMPTION, gpus=(0,), node="node-a", ttl=300.0):
+    """A pending pod carrying a hold of `mem` on `gpus` of `node`, as the leader writes it."""
+    pod = with_priority(make_pod(name, mem), priority)
+    h = Hold(kind, node, tuple(gpus), mem, priority, time.time() + ttl, pod["metadata"]["uid"], f"default/{name}")
+    pod["metadata"]["annotations"][ANN_HOLDS] = encode_holds([h])
+    return pod
+
+
+def passes(ext, pod, nodes=("node-a",)):
+    return ext.call("filter", filter_args(pod, list(nodes)))["NodeNames"]
+
+
+def setup(kube, extender_factory, hold_pod, gpus=(16, 16), busy=((1, 10),), **options):
+    """node-a with GPUs of `gpus` GiB, `busy` (GPU, GiB) taken by running pods, and `hold_pod` pending."""
+    kube.add_node(make_node("node-a", list(gpus)))
+    for i, (gpu, mem) in enumerate(busy):
+        kube.add_pod(assigned_pod(f"run{i}", "node-a", gpu, mem))
+    kube.add_pod(hold_pod)
+    ext = extender_factory(**options).wait_ready()
+    wait_until(lambda: ext.cache.holds.active, what="the hold in the book")
+    return ext
+
+
+def test_preemption_hold_keeps_lower_priority_pods_off_the_freed_gpu(kube, extender_factory):
+    ext = setup(kube, extender_factory, holder(kind=HoldKind.PREEMPTION, priority=1000))
+    low = with_priority(make_pod("low", 8), 10)
+    out = ext.call("filter", filter_args(low, ["node-a"]))
+    assert out["NodeNames"] == []
+    assert "0:6" in out["FailedNodes"]["node-a"]  # GPU 0's 16 GiB less the 10 held: what low sees as free
+    assert passes(ext, kube.pods[("default", "big")]) == ["node-a"]  # the holder sees its own hold as its own
+
+
+def test_preemption_hold_lets_equal_priority_pass(kube, extender_factory):
+    """As kube-scheduler lets a pod of >= priority pass a nominated pod (addNominatedPods)."""
+    ext = setup(kube, extender_factory, holder(kind=HoldKind.PREEMPTION, priority=1000))
+    assert passes(ext, with_priority(make_pod("peer", 8), 1000)) == ["node-a"]
+
+
+def test_reservation_hold_keeps_peers_off_too(kube, extender_factory):
+    ext = setup(kube, extender_factory, holder(kind=HoldKind.RESERVATION, priority=100))
+    assert passes(ext, with_priority(make_pod("peer", 8), 100)) == []
+    assert passes(ext, with_priority(make_pod("vip", 8), 101)) == ["node-a"]
+
+
+def test_prioritize_and_bind_see_the_hold_too(kube, extender_factory):
+    """Both GPUs fit the small pod; the held one must not be chosen, whichever the policy prefers."""
+    ext = setup(kube, extender_factory, holder(mem=14, gpus=(1,)), busy=((1, 2),), filter_keeps="fitting")
+    small = with_priority(make_pod("small", 4), 0)
+    kube.add_pod(small)
+    scores = ext.call("prioritize", filter_args(small, ["node-a"]))
+    assert scores == [{"Host": "node-a", "Score": 10}]
+    assert ext.call("bind", bind_args(small, "node-a"))["Error"] == ""
+    annotations = kube.pods[("default", "small")]["metadata"]["annotations"]
+    assert annotations["gpushare.io/gpu-index"] == "0"  # binpack would take GPU 1 (fuller) but for the hold
+
+
+def test_lone_node_hold_of_filter_respects_the_book(kube, extender_factory):
+    """filter's own short hold for a lone node's bind chooses a GPU the same way bind does."""
+    ext = setup(kube, extender_factory, holder(mem=14, gpus=(1,)), busy=((1, 2),))
+    small = kube.add_pod(with_priority(make_pod("small", 4), 0))
+    assert passes(ext, small) == ["node-a"]
+    assert ext.call("bind", bind_args(small, "node-a"))["Error"] == ""
+    assert kube.pods[("default", "small")]["metadata"]["annotations"]["gpushare.io/gpu-index"] == "0"
+
+
+def test_a_restarted_extender_rebuilds_the_hold_from_the_annotation(kube, extender_factory):
+    first = setup(kube, extender_factory, holder())
+    first.stop()
+    second = extender_factory().wait_ready()
+    wait_until(lambda: second.cache.holds.active, what="the hold rebuilt from the API server")
+    assert passes(second, with_priority(make_pod("low", 8), 0)) == []
+
+
+def test_the_hold_ends_when_its_holder_is_bound(kube, extender_factory):
+    ext = setup(kube, extender_factory, holder(mem=10))
+    big = kube.pods[("default", "big")]
+    assert ext.call("bind", bind_args(big, "node-a"))["Error"] == ""
+    wait_until(lambda: not ext.cache.holds.active, what="the holder's hold to end at its bind")
+    annotations = kube.pods[("default", "big")]["metadata"]["annotations"]
+    assert annotations["gpushare.io/gpu-index"] == "0"
+
+
+def test_the_hold_ends_when_its_holder_is_deleted(kube, extender_factory):
+    ext = setup(kube, extender_factory, holder())
+    kube.delete_pod("default", "big")
+    wait_until(lambda: not ext.cache.holds.active, what="the hold to end with its pod")
+    assert passes(ext, with_priority(make_pod("low", 8), 0)) == ["node-a"]
+
+
+def test_an_expired_hold_takes_nothing(kube, extender_factory):
+    ext = setup(kube, extender_factory, holder(ttl=1.0))
+    low = with_priority(make_pod("low", 8), 0)
+    assert passes(ext, low) == []
+    wait_until(lambda: passes(ext, low) == ["node-a"], timeout=10, what="the hold's expiry")
+    assert not ext.cache.holds.active
+
+
+def test_a_garbled_holds_annotation_holds_nothing_and_says_why(kube, extender_factory):
+    kube.add_node(make_node("node-a", [16]))
+    bad = make_pod("big", 10)
+    bad["metadata"]["annotations"][ANN_HOLDS] = '[{"kind": "steal"}]'
+    kube.add_pod(bad)
+    ext = extender_factory().wait_ready()
+    wait_until(lambda: "default/big" in ext.cache.holds.problems(), what="the problem recorded")
+    assert "'kind' must be one of" in ext.cache.holds.problems()["default/big"]
+    assert passes(ext, make_pod("low", 8)) == ["node-a"]
