@@ -628,7 +628,7 @@ def test_config_key_facts(docs: list[Obj]) -> None:
     assert cfg["percentageOfNodesToScore"] in (100, 70)  # 70: all-options sets it
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
     ext = cfg["extenders"][0]
-    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"], ext["preemptVerb"]) == ("filter", "bind", "preempt")
     assert ("prioritizeVerb" in ext) == ("weight" in ext)
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     assert "managedResources" not in ext  # every pod of the profile reaches the extender (IsInterested)
