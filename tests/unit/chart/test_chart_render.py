@@ -225,6 +225,11 @@ def test_extender_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
         ("", "pods/binding", "create", ()),  # the assignment annotations travel on the Binding
+        ("", "pods", "patch", ()),  # preemption: the gpushare.io/holds annotation on the preemptor
+        ("", "pods", "delete", ()),  # preemption where kube-scheduler has no candidate: the victims
+        ("", "pods/status", "patch", ()),  # ... marked DisruptionTarget first, as kube-scheduler does
+        ("policy", "poddisruptionbudgets", "list", ()),  # preemption ranks candidates by PDB violations
+        ("policy", "poddisruptionbudgets", "watch", ()),
         ("", "events", "create", ()),
         ("events.k8s.io", "events", "create", ()),
     }
