@@ -150,7 +150,7 @@ def test_verb_answers_one_gpu_where_kube_scheduler_frees_the_node(
     run(gpu_cluster, ns, pod("a10", 10, ns, "gs-low"), pod("b12", 12, ns, "gs-low"), pod("a5", 5, ns, "gs-low"))
     target = gpus_of(gpu_cluster, ns, "a10")[1]
     gpu_cluster.create_pod(pod("big", 9, ns, "gs-high"))
-    node, gpus = wait_bound(gpu_cluster, ns, "big")
+    _, gpus = wait_bound(gpu_cluster, ns, "big")
     assert preempted(gpu_cluster, ns, ["a10", "b12", "a5"]) == {"a10"}
     assert gpus == target
     gpu_cluster.check_invariants()
@@ -161,10 +161,11 @@ def test_priority_inversion_evicts_the_mid_pod_only_where_it_must(
 ) -> None:
     gpu_cluster.add_node(f"{ns}-a", "2xT4:16GiB")
     run(gpu_cluster, ns, pod("mid", 12, ns, "gs-mid"), pod("vip", 10, ns, "gs-vip"))
+    only = gpus_of(gpu_cluster, ns, "mid")[1]  # the only GPU that can be freed
     gpu_cluster.create_pod(pod("big", 14, ns, "gs-high"))
     _, gpus = wait_bound(gpu_cluster, ns, "big")
     assert preempted(gpu_cluster, ns, ["mid", "vip"]) == {"mid"}
-    assert gpus == gpus_of(gpu_cluster, ns, "big")[1]
+    assert gpus == only
     gpu_cluster.check_invariants()
 
 
@@ -180,7 +181,7 @@ def test_gpu_count_two_frees_two_gpus_and_choice_between_nodes(
         pod("l2", 12, ns, "gs-low"),
     )
     gpu_cluster.create_pod(pod("pair", 16, ns, "gs-high", gpu_count=2))  # 8 GiB on each of 2 GPUs
-    node, gpus = wait_bound(gpu_cluster, ns, "pair")
+    _, gpus = wait_bound(gpu_cluster, ns, "pair")
     assert preempted(gpu_cluster, ns, ["m0", "l1", "l2"]) == {"l1", "l2"}
     assert len(gpus) == 2
     gpu_cluster.check_invariants()
