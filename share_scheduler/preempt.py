@@ -456,7 +456,9 @@ class Preemption:
     def _announce(self, p: Preemptor, c: Candidate, hold: Hold) -> None:
         """The annotation (a restarted extender rebuilds the hold from it) and the events, off the hot path."""
         try:
-            self.kube.patch_pod_annotations(p.namespace, p.name, {ANN_HOLDS: encode_holds([hold])})
+            # every hold the pod anchors (another writer's too), this one included
+            holds = [h for h in self.cache.holds.of(p.key) if h != hold] + [hold]
+            self.kube.patch_pod_annotations(p.namespace, p.name, {ANN_HOLDS: encode_holds(holds)})
         except KubeError as exc:
             log.warning("could not record the preemption hold on %s (it holds in this process only): %s", p.key, exc)
         unit = self.unit.value

@@ -29,7 +29,7 @@ from tests.controlplane.gpucluster import wait_for
 
 pytestmark = pytest.mark.integration
 
-CLASSES = {"gs-low": 10, "gs-mid": 100, "gs-high": 1000, "gs-vip": 5000}
+CLASSES = {"gs-low": 10, "gs-mid": 100, "gs-high": 1000, "gs-vip": 5000, "gs-high-never": 1000}
 BOUND_WITHIN = 60.0
 
 
@@ -38,6 +38,8 @@ def priority_classes(gpu_cluster: GpuCluster) -> None:
     for name, value in CLASSES.items():
         body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}}
         body["value"] = value
+        if name.endswith("-never"):  # the Priority admission plugin copies it into the pod's spec
+            body["preemptionPolicy"] = "Never"
         try:
             gpu_cluster.admin.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body)
         except KubeError as exc:
@@ -52,6 +54,7 @@ class Reaper:
         self.cluster, self.ns = cluster, ns
         self.paused = threading.Event()
         self.stop = threading.Event()
+        self.errors: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -59,6 +62,13 @@ class Reaper:
         while not self.stop.wait(0.2):
             if self.paused.is_set():
                 continue
+            try:
+                self._reap()
+            except Exception as exc:  # keep reaping, as kubelet keeps going
+                self.errors.append(repr(exc))
+
+    def _reap(self) -> None:
+        if True:
             try:
                 for pod in self.cluster.pods(self.ns):
                     meta = pod["metadata"]
@@ -71,7 +81,7 @@ class Reaper:
                         "DELETE", f"/api/v1/namespaces/{self.ns}/pods/{meta['name']}", query={"gracePeriodSeconds": 0}
                     )
             except KubeError:
-                continue
+                return
 
 
 @pytest.fixture
@@ -81,11 +91,9 @@ def reaper(gpu_cluster: GpuCluster, ns: str) -> Iterator[Reaper]:
     r.stop.set()
 
 
-def pod(name: str, gib: int, ns: str, cls: str, gpu_count: int = 1, never: bool = False, **labels: str) -> dict:
+def pod(name: str, gib: int, ns: str, cls: str, gpu_count: int = 1, **labels: str) -> dict:
     p = pod_spec(name, gib, ns, gpu_count=gpu_count)
     p["spec"]["priorityClassName"] = cls
-    if never:
-        p["spec"]["preemptionPolicy"] = "Never"
     if labels:
         p["metadata"]["labels"] = dict(labels)
     return p
@@ -209,7 +217,7 @@ def test_pdb_is_respected_where_another_way_exists(gpu_cluster: GpuCluster, ns: 
 def test_never_policy_evicts_nothing(gpu_cluster: GpuCluster, ns: str, reaper: Reaper) -> None:
     gpu_cluster.add_node(f"{ns}-a", "2xT4:16GiB")
     run(gpu_cluster, ns, pod("l0", 12, ns, "gs-low"), pod("l1", 10, ns, "gs-low"))
-    gpu_cluster.create_pod(pod("polite", 8, ns, "gs-high", never=True))
+    gpu_cluster.create_pod(pod("polite", 8, ns, "gs-high-never"))
     time.sleep(8)
     assert preempted(gpu_cluster, ns, ["l0", "l1"]) == set()
     assert gpu_cluster.admin.get_pod(ns, "polite")["status"].get("phase") == "Pending"
@@ -226,7 +234,14 @@ def test_held_gpu_survives_a_low_pod_and_an_extender_restart(gpu_cluster: GpuClu
     gpu_cluster.restart_extender()  # the new process rebuilds the hold from the annotation
     gpu_cluster.create_pod(pod("sneak", 10, ns, "gs-low"))  # would fit the freed GPU if nothing held it
     reaper.paused.clear()
-    _, gpus = wait_bound(gpu_cluster, ns, "big")
+    try:
+        _, gpus = wait_bound(gpu_cluster, ns, "big")
+    except TimeoutError:
+        state = {
+            p["metadata"]["name"]: (p["metadata"].get("deletionTimestamp"), p["status"].get("phase"))
+            for p in gpu_cluster.pods(ns)
+        }
+        raise AssertionError(f"pods {state}; reaper errors {reaper.errors}; alive {reaper.thread.is_alive()}") from None
     assert gpus == freed
     time.sleep(3)
     assert gpu_cluster.admin.get_pod(ns, "sneak")["status"].get("phase") == "Pending"
