@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -79,6 +80,7 @@ log = logging.getLogger(__name__)
 DEFAULT_HOLD_SECONDS = 120.0  # a preemptor's freed GPUs are kept for it this long (victims' grace included)
 DEFAULT_DEFER_SECONDS = 2.0  # filter's noted candidate waits this long for kube-scheduler's own preemption
 DEFAULT_VERIFY_SECONDS = 15.0  # a verb's decision whose victims never start terminating is dropped after this
+DEFAULT_READY_GRACE = 60.0  # once the freed GPUs are free, the preemptor has this long to be bound
 DISRUPTION_TARGET = "DisruptionTarget"
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # v1.PodReasonPreemptionByScheduler
 
@@ -274,6 +276,8 @@ class Preemption:
         self._decisions: dict[str, Decision] = {}  # preemptor UID -> a decision being carried out
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ready: set[tuple[str, str, tuple[int, ...]]] = set()  # holds renewed once their GPUs were free
+        self.ready_grace = DEFAULT_READY_GRACE
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -391,6 +395,45 @@ class Preemption:
         for n in due:
             self._act_on(n)
         self._check_decisions(now)
+        if self.is_leader():
+            self._renew_ready(now)
+
+    def _renew_ready(self, now: float) -> None:
+        """A preemptor whose freed GPUs are free now (its victims are gone): its hold runs `ready_grace` more
+        seconds from here (the wait for the victims' grace periods is not its fault), written to its
+        annotation. The write is also the pod update that makes kube-scheduler try the pod again at once:
+        a pod our filter rejected waits in its unschedulable pool for a cluster event, and the victims'
+        deletion alone was seen to leave it there (after an extender restart)."""
+        for key, hold in self.cache.holds.holds():
+            if hold.kind is not HoldKind.PREEMPTION or (hold.holder_uid, hold.node, hold.gpus) in self._ready:
+                continue
+            record = self.cache.record(key)
+            if record is None or record.uid != hold.holder_uid or record.node:
+                continue
+            asker = Asker(hold.holder_uid, hold.priority)
+            held = self.cache.holds.against(asker).get(hold.node)
+            snap = self.cache.node_snapshot(hold.node, held)
+            if snap is None:
+                continue
+            free = {g.index: g.memory - used for g, used in zip(snap.gpus, snap.used, strict=True)}
+            if any(free.get(g, 0) < hold.per_gpu for g in hold.gpus):
+                continue  # a victim is still terminating
+            self._ready.add((hold.holder_uid, hold.node, hold.gpus))
+            renewed = replace(hold, expires=max(hold.expires, now + self.ready_grace))
+            others = [h for h in self.cache.holds.of(key) if h != hold]
+            ns, _, name = key.partition("/")
+            try:
+                self.kube.patch_pod_annotations(ns, name, {ANN_HOLDS: encode_holds([*others, renewed])})
+            except KubeError as exc:
+                log.info("could not renew the preemption hold of %s: %s", key, exc)
+                continue
+            with self._lock:
+                decision = self._decisions.get(hold.holder_uid)
+                if decision is not None:
+                    decision.hold = renewed
+            log.info(
+                "%s: its victims are gone; held %.0fs more", renewed.describe(self.unit.value), renewed.expires - now
+            )
 
     def _act_on(self, noted: Noted) -> None:
         p = noted.preemptor

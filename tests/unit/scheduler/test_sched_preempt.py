@@ -77,6 +77,11 @@ def test_verb_answers_the_victim_that_frees_one_gpu(kube, extender_factory):
     out = ext.call("filter", filter_args(low, ["node-a"]))
     assert out["NodeNames"] == [] and "0:8" in out["FailedNodes"]["node-a"]  # 16 free less the 8 held
     assert ext.call("filter", filter_args(big, ["node-a"]))["NodeNames"] == ["node-a"]
+    # its victim gone, the hold runs a fresh minute from now, written to the pod (kube-scheduler retries it)
+    before = pod_holds(kube.pods[("default", "big")])[0].expires
+    ext.parts["extender"].preemption.ready_grace = 1000.0
+    ext.parts["extender"].preemption.tick()
+    wait_until(lambda: pod_holds(kube.pods[("default", "big")])[0].expires > before + 500, what="renewed hold")
 
 
 def test_verb_fills_kube_scheduler_138_placeholders_and_refuses_a_second_decision(kube, extender_factory):
