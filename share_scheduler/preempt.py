@@ -81,6 +81,7 @@ DEFAULT_HOLD_SECONDS = 120.0  # a preemptor's freed GPUs are kept for it this lo
 DEFAULT_DEFER_SECONDS = 2.0  # filter's noted candidate waits this long for kube-scheduler's own preemption
 DEFAULT_VERIFY_SECONDS = 15.0  # a verb's decision whose victims never start terminating is dropped after this
 DEFAULT_READY_GRACE = 60.0  # once the freed GPUs are free, the preemptor has this long to be bound
+NOTE_PATIENCE = 10.0  # seconds a note waits for the pod watch to show its pod
 DISRUPTION_TARGET = "DisruptionTarget"
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"  # v1.PodReasonPreemptionByScheduler
 
@@ -228,6 +229,7 @@ class Noted:
     preemptor: Preemptor
     node: str
     due: float
+    first: float = 0.0  # when filter noted it
 
 
 @dataclass(slots=True)
@@ -383,7 +385,7 @@ class Preemption:
         if not ranked:
             return
         with self._lock:
-            self._noted.setdefault(p.uid, Noted(p, ranked[0].node, self.clock() + self.defer))
+            self._noted.setdefault(p.uid, Noted(p, ranked[0].node, self.clock() + self.defer, self.clock()))
 
     def tick(self) -> None:
         """One round of the worker: act on notes kube-scheduler did not take up, check decisions."""
@@ -440,6 +442,10 @@ class Preemption:
         if not self.is_leader():
             return
         record = self.cache.record(p.key)
+        if record is None and self.clock() - noted.first < NOTE_PATIENCE:
+            with self._lock:  # the pod watch has not brought it yet: look again next round
+                self._noted.setdefault(p.uid, replace(noted, due=self.clock()))
+            return
         if record is None or record.uid != p.uid or record.node:
             return  # deleted, replaced or placed meanwhile
         if self._preempting(p) is not None:
