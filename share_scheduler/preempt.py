@@ -279,6 +279,7 @@ class Preemption:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready: set[tuple[str, str, tuple[int, ...]]] = set()  # holds renewed once their GPUs were free
+        self._waiting: set[tuple[str, str, tuple[int, ...]]] = set()  # holds seen waiting for their victims
         self.ready_grace = DEFAULT_READY_GRACE
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -401,9 +402,9 @@ class Preemption:
             self._renew_ready(now)
 
     def _renew_ready(self, now: float) -> None:
-        """A preemptor whose freed GPUs are free now (its victims are gone): its hold runs `ready_grace` more
-        seconds from here (the wait for the victims' grace periods is not its fault), written to its
-        annotation. The write is also the pod update that makes kube-scheduler try the pod again at once:
+        """A preemptor whose freed GPUs became free (its victims are gone; this process saw them going): its
+        hold runs `ready_grace` more seconds from here (the wait for the victims' grace periods is not its
+        fault), written to its annotation. The write is also the pod update that makes kube-scheduler try the pod again at once:
         a pod our filter rejected waits in its unschedulable pool for a cluster event, and the victims'
         deletion alone was seen to leave it there (after an extender restart)."""
         for key, hold in self.cache.holds.holds():
@@ -418,9 +419,13 @@ class Preemption:
             if snap is None:
                 continue
             free = {g.index: g.memory - used for g, used in zip(snap.gpus, snap.used, strict=True)}
+            ident = (hold.holder_uid, hold.node, hold.gpus)
             if any(free.get(g, 0) < hold.per_gpu for g in hold.gpus):
-                continue  # a victim is still terminating
-            self._ready.add((hold.holder_uid, hold.node, hold.gpus))
+                self._waiting.add(ident)  # a victim is still terminating
+                continue
+            if ident not in self._waiting:
+                continue  # free since this process first saw it: nothing was waited for
+            self._ready.add(ident)
             renewed = replace(hold, expires=max(hold.expires, now + self.ready_grace))
             others = [h for h in self.cache.holds.of(key) if h != hold]
             ns, _, name = key.partition("/")

@@ -223,6 +223,25 @@ def test_never_policy_evicts_nothing(gpu_cluster: GpuCluster, ns: str, reaper: R
     assert gpu_cluster.admin.get_pod(ns, "polite")["status"].get("phase") == "Pending"
 
 
+def test_held_gpu_is_not_taken_by_a_low_pod_arriving_meanwhile(
+    gpu_cluster: GpuCluster, ns: str, reaper: Reaper
+) -> None:
+    gpu_cluster.add_node(f"{ns}-a", "2xT4:16GiB")
+    run(gpu_cluster, ns, pod("l0", 12, ns, "gs-low"), pod("l1", 10, ns, "gs-low"))
+    reaper.paused.set()  # victims stay terminating
+    gpu_cluster.create_pod(pod("big", 8, ns, "gs-high"))
+    wait_for(lambda: preempted(gpu_cluster, ns, ["l0", "l1"]) == {"l1"}, 60, "l1 preempted")
+    freed = gpus_of(gpu_cluster, ns, "l1")[1]
+    gpu_cluster.create_pod(pod("sneak", 10, ns, "gs-low"))  # would fit the freed GPU if nothing held it
+    time.sleep(2)
+    reaper.paused.clear()
+    _, gpus = wait_bound(gpu_cluster, ns, "big")
+    assert gpus == freed
+    time.sleep(3)
+    assert gpu_cluster.admin.get_pod(ns, "sneak")["status"].get("phase") == "Pending"
+    gpu_cluster.check_invariants()
+
+
 def test_held_gpu_survives_a_low_pod_and_an_extender_restart(gpu_cluster: GpuCluster, ns: str, reaper: Reaper) -> None:
     gpu_cluster.add_node(f"{ns}-a", "2xT4:16GiB")
     run(gpu_cluster, ns, pod("l0", 12, ns, "gs-low"), pod("l1", 10, ns, "gs-low"))
@@ -252,7 +271,7 @@ def test_two_preemptors_racing_each_get_a_gpu(gpu_cluster: GpuCluster, ns: str, 
     gpu_cluster.add_node(f"{ns}-a", "2xT4:16GiB")
     run(gpu_cluster, ns, pod("l0", 12, ns, "gs-low"), pod("l1", 12, ns, "gs-low"))
     gpu_cluster.create_pod(pod("p1", 10, ns, "gs-high"))
-    gpu_cluster.create_pod(pod("p2", 10, ns, "gs-high"))
+    gpu_cluster.create_pod(pod("p2", 9, ns, "gs-high"))
     _, g1 = wait_bound(gpu_cluster, ns, "p1")
     _, g2 = wait_bound(gpu_cluster, ns, "p2")
     assert {g1, g2} == {(0,), (1,)}
