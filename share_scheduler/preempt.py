@@ -404,9 +404,9 @@ class Preemption:
     def _renew_ready(self, now: float) -> None:
         """A preemptor whose freed GPUs became free (its victims are gone; this process saw them going): its
         hold runs `ready_grace` more seconds from here (the wait for the victims' grace periods is not its
-        fault), written to its annotation. The write is also the pod update that makes kube-scheduler try the pod again at once:
-        a pod our filter rejected waits in its unschedulable pool for a cluster event, and the victims'
-        deletion alone was seen to leave it there (after an extender restart)."""
+        fault), written to its annotation. The write is also the pod update that makes kube-scheduler try
+        the pod again at once: a pod our filter rejected waits in its unschedulable pool for a cluster event,
+        and the victims' deletion alone was seen to leave it there (after an extender restart)."""
         for key, hold in self.cache.holds.holds():
             if hold.kind is not HoldKind.PREEMPTION or (hold.holder_uid, hold.node, hold.gpus) in self._ready:
                 continue
