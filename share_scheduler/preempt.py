@@ -36,6 +36,7 @@ victims never start terminating (kube-scheduler failed to evict) is released aft
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -403,8 +404,8 @@ class Preemption:
 
     def _renew_ready(self, now: float) -> None:
         """A preemptor whose freed GPUs became free (its victims are gone; this process saw them going): its
-        hold runs `ready_grace` more seconds from here (the wait for the victims' grace periods is not its
-        fault), written to its annotation. The write is also the pod update that makes kube-scheduler try
+        hold now ends `ready_grace` seconds from here (the time to be bound once the GPU is really free),
+        written to its annotation. The write is also the pod update that makes kube-scheduler try
         the pod again at once: a pod our filter rejected waits in its unschedulable pool for a cluster event,
         and the victims' deletion alone was seen to leave it there (after an extender restart)."""
         for key, hold in self.cache.holds.holds():
@@ -426,7 +427,12 @@ class Preemption:
             if ident not in self._waiting:
                 continue  # free since this process first saw it: nothing was waited for
             self._ready.add(ident)
-            renewed = replace(hold, expires=max(hold.expires, now + self.ready_grace))
+            # From now, not from the decision: and the annotation must change (whole seconds), or the write
+            # is no update kube-scheduler sees.
+            expires = math.ceil(now + self.ready_grace)
+            if expires == math.ceil(hold.expires):
+                expires += 1
+            renewed = replace(hold, expires=float(expires))
             others = [h for h in self.cache.holds.of(key) if h != hold]
             ns, _, name = key.partition("/")
             try:
