@@ -59,6 +59,7 @@ from share_scheduler.sim.workload import Workload
 
 GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 HOLD_S = 60.0  # how long after the victims are gone the freed room stays held for the preemptor
+TIMER = -1  # a departure entry that is no pod: wakes the engine up at a hold's expiry or a retry's time
 RETRY_S = 300.0  # kube-scheduler's podMaxInUnschedulablePodsDuration: a waiting pod tries again at least this often
 MIN_CANDIDATES = 100  # defaultpreemption's minCandidateNodesAbsolute
 CANDIDATE_PCT = 10  # defaultpreemption's minCandidateNodesPercentage
@@ -171,6 +172,8 @@ class PreemptionTimeline(Timeline):
                 self._free_hold(hold)
 
     def release(self, seq: int) -> int:
+        if seq == TIMER:
+            return TIMER  # a timer, not a pod: run() calls after_event next, which does what is due
         node = super().release(seq)
         self.on_node[node].discard(seq)
         if seq in self.terminating:
@@ -183,10 +186,12 @@ class PreemptionTimeline(Timeline):
             return True
         may = self.preempt and self.pod_priority[self.arrivals[seq].pod] > self._min_priority
         if may and not self.try_preempt(seq):
-            heapq.heappush(self.retries, (self.now + self.retry_s, seq))
+            self._retry_later(seq)
         return False
 
     def retry_on(self, node: int) -> None:
+        if node == TIMER:
+            return
         if self.holds:
             super().retry_on(node)
             return
@@ -316,6 +321,7 @@ class PreemptionTimeline(Timeline):
             holder=self.workload.pods[pod].name,
         )
         self.holds[seq] = hold
+        heapq.heappush(self.departures, (hold.expires, TIMER))
         self.open[seq] = record = Preemption(seq, now, hold, victims)
         self.stats.preemptions.append(record)
         moved = set(victims)
@@ -326,11 +332,12 @@ class PreemptionTimeline(Timeline):
             self.terminating.add(v)
             # gone at the end of its grace period, or sooner if it finishes by itself first
             heapq.heappush(self.departures, (min(due[v], now + self.grace_s), v))
-            if now >= self.warmup_s:
-                self.stats.lost_gpu_s += (
-                    (now - (self.started[v] or now)) * self.pod_gpu[self.arrivals[v].pod] / self.unit
-                )
         return True
+
+    def _retry_later(self, seq: int) -> None:
+        at = self.now + self.retry_s
+        heapq.heappush(self.retries, (at, seq))
+        heapq.heappush(self.departures, (at, TIMER))
 
     def _free_hold(self, hold: Hold) -> None:
         """The held room is anyone's again: the waiting pods try that node."""
@@ -350,14 +357,16 @@ class PreemptionTimeline(Timeline):
             if self.started[seq] is not None or seq in self.holds:
                 continue  # placed meanwhile, or its preemption is under way
             if not self.try_preempt(seq):
-                heapq.heappush(self.retries, (now + self.retry_s, seq))
+                self._retry_later(seq)
 
     def _recreate(self, victim: int) -> None:
         """The victim's controller makes a new pod for the rest of its time; it arrives now."""
         a = self.arrivals[victim]
         left = (self.started[victim] or 0.0) + a.duration - self.now
         if left <= 0:
-            return
+            return  # it finished by itself within its grace period: nothing lost, nothing to recreate
+        if self.now >= self.warmup_s:  # what it had run is lost: the replacement starts its process afresh
+            self.stats.lost_gpu_s += (self.now - (self.started[victim] or self.now)) * self.pod_gpu[a.pod] / self.unit
         seq = len(self.arrivals)
         self.arrivals.append(Arrival(self.now, a.pod, left))
         self.started.append(None)
