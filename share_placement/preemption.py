@@ -34,6 +34,7 @@ free while their containers run (the caller leaves their usage in `GpuSlot.free`
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable
 from collections.abc import Mapping
@@ -189,6 +190,33 @@ def _dominated(state: _State, by: _State) -> bool:
 def _pareto(states: list[_State]) -> list[_State]:
     states.sort(key=lambda s: s[0])
     kept: list[_State] = []
+    if len(states[0][1]) == 1 and not states[0][2]:
+        # one deficit, no budgets (the common case: one GPU): a staircase, each kept set frees more
+        most = -1
+        for state in states:
+            if state[1][0] > most:
+                kept.append(state)
+                most = state[1][0]
+        return kept
+    if len(states[0][1]) == 2 and not states[0][2]:
+        # two deficits (a 2-GPU pod): the kept sets' frees as a staircase, first free ascending and the
+        # second descending; a set is dominated iff the first kept point reaching its first free reaches
+        # its second too
+        firsts: list[int] = []
+        seconds: list[int] = []
+        for state in states:
+            a, b = state[1]
+            at = bisect.bisect_left(firsts, a)
+            if at < len(firsts) and seconds[at] >= b:
+                continue
+            kept.append(state)
+            lo = at  # points with a smaller first free and no larger second one are now dominated
+            while lo > 0 and seconds[lo - 1] <= b:
+                lo -= 1
+            hi = at + 1 if at < len(firsts) and firsts[at] == a else at
+            firsts[lo:hi] = [a]
+            seconds[lo:hi] = [b]
+        return kept
     for state in states:
         if not any(_dominated(state, k) for k in kept):
             kept.append(state)
@@ -220,6 +248,14 @@ def _cheapest(
         return choice_key((), 0, gpus), (), 0
     best: tuple[tuple[object, ...], tuple[PodOnNode, ...], int] | None = None
     best_key = bound
+    seed = _greedy(pods, adds, deficits)
+    if seed is not None:
+        violations = pdb_violations(seed, budgets)
+        key = choice_key(seed, violations, gpus)
+        if best_key is None or key < best_key:
+            best_key, best = key, (key, seed, violations)
+    # fewest pods that could still cover what a set leaves short, per deficit (the sizes, largest first)
+    largest = [list(itertools.accumulate(sorted((a[d] for a in adds), reverse=True))) for d in dims]
     active: list[_State] = [empty]
     i = 0
     while i < len(pods) and active:
@@ -230,7 +266,6 @@ def _cheapest(
             active = [s for s in active if (s[0][0], top) <= best_key[:2]]
             if not active:
                 break
-        done: list[_State] = []
         while i < len(pods) and pods[i].priority == top:
             pod, add = pods[i], adds[i]
             grown: list[_State] = []
@@ -253,16 +288,47 @@ def _cheapest(
                     uids,
                 )
                 new_freed = tuple(min(f + a, d) for f, a, d in zip(freed, add, deficits, strict=True))
-                state = (new_cost, new_freed, tuple(use), (*chosen, pod))
-                (done if new_freed == deficits else grown).append(state)
+                if new_freed == deficits:
+                    key = (violations, top, *new_cost[1:5], gpus, uids)
+                    if best_key is None or key < best_key:
+                        best_key, best = key, (key, (*chosen, pod), violations)  # type: ignore[assignment]
+                    continue
+                if best_key is not None:
+                    # its completions add at least this many pods, each of priority `top` or higher
+                    more = max(
+                        bisect.bisect_left(largest[d], need - f) + 1
+                        for d, (f, need) in enumerate(zip(new_freed, deficits, strict=True))
+                        if f < need
+                    )
+                    if (violations, top, new_cost[1] + more * (top + PRIORITY_OFFSET)) > best_key[:3]:  # type: ignore[operator]
+                        continue
+                grown.append((new_cost, new_freed, tuple(use), (*chosen, pod)))
             active = _pareto(active + grown)
             i += 1
-        for cost, _, _, chosen in done:
-            key = (cost[0], top, *cost[1:5], gpus, cost[5])
-            if best_key is None or key < best_key:
-                best_key = key
-                best = (key, chosen, int(cost[0]))  # type: ignore[call-overload]
     return best
+
+
+def _greedy(
+    pods: list[PodOnNode], adds: list[tuple[int, ...]], deficits: tuple[int, ...]
+) -> tuple[PodOnNode, ...] | None:
+    """A quick feasible set (the search's first bound): the lowest-priority pods that still help, larger
+    first within a priority, then those not needed dropped, the most important first."""
+    order = sorted(range(len(pods)), key=lambda k: (pods[k].priority, -sum(adds[k]), pods[k].uid))
+    left = list(deficits)
+    chosen: list[int] = []
+    for k in order:
+        if all(r <= 0 for r in left):
+            break
+        if any(a > 0 and r > 0 for a, r in zip(adds[k], left, strict=True)):
+            chosen.append(k)
+            left = [r - a for r, a in zip(left, adds[k], strict=True)]
+    if any(r > 0 for r in left):
+        return None
+    for k in sorted(chosen, key=lambda k: (-pods[k].priority, pods[k].uid)):
+        if all(r + a <= 0 for r, a in zip(left, adds[k], strict=True)):
+            chosen.remove(k)
+            left = [r + a for r, a in zip(left, adds[k], strict=True)]
+    return tuple(pods[k] for k in chosen)
 
 
 def node_candidate(
@@ -289,22 +355,46 @@ def node_candidate(
         targets: Iterable[tuple[GpuSlot, ...]] = itertools.combinations(usable, demand.count)
     else:
         targets = [()]
-    best: tuple[tuple[object, ...], tuple[PodOnNode, ...], int] | None = None
-    best_gpus: tuple[int, ...] = ()
+    on_gpu = {p.uid: dict(p.gpus) for p in eligible}
+    by_gpu: dict[int, list[PodOnNode]] = {}
+    for pod in eligible:  # ascending priority, so each GPU's list is too
+        for index, _ in pod.gpus:
+            by_gpu.setdefault(index, []).append(pod)
+    searches = []
     for target in targets:
         short = [(g.index, demand.per_gpu - g.free) for g in target if g.free < demand.per_gpu]
         deficits = tuple([need for _, need in short] + [need for need, _ in host])
+        if host:
+            helping = eligible
+        else:
+            seen = {p.uid for index, _ in short for p in by_gpu.get(index, ())}
+            helping = [p for p in eligible if p.uid in seen]
         pods, adds = [], []
-        for pod in eligible:
-            held = dict(pod.gpus)
+        for pod in helping:
+            held = on_gpu[pod.uid]
             add = [held.get(index, 0) for index, _ in short]
             add += [pod.cpu if what == "cpu" else pod.memory if what == "memory" else 1 for _, what in host]
-            if any(add):
-                pods.append(pod)
-                adds.append(tuple(add))
-        if any(sum(a[d] for a in adds) < need for d, need in enumerate(deficits)):
-            continue  # even every lower-priority pod of these GPUs would not do
-        gpus = tuple(g.index for g in target)
+            pods.append(pod)
+            adds.append(tuple(add))
+        # the lowest top priority any set could have: every deficit covered by the pods up to it
+        floor = -PRIORITY_OFFSET - 1
+        for d, need in enumerate(deficits):
+            got = 0
+            for pod, add in zip(pods, adds, strict=True):
+                if got >= need:
+                    break
+                got += add[d]
+                floor = max(floor, pod.priority)
+            if got < need:
+                break  # even every lower-priority pod of these GPUs would not do
+        else:
+            searches.append((floor, tuple(g.index for g in target), pods, adds, deficits))
+    searches.sort(key=lambda t: (t[0], t[1]))
+    best: tuple[tuple[object, ...], tuple[PodOnNode, ...], int] | None = None
+    best_gpus: tuple[int, ...] = ()
+    for floor, gpus, pods, adds, deficits in searches:
+        if best is not None and (0, floor) > best[0][:2]:
+            break  # sorted by floor: no later GPU set can rank first either
         found = _cheapest(pods, adds, deficits, budgets, gpus, best[0] if best is not None else None)
         if found is not None and (best is None or found[0] < best[0]):
             best, best_gpus = found, gpus

@@ -16,9 +16,9 @@ from share_placement import Demand
 from share_placement import GpuSlot
 from share_placement.preemption import PRIORITY_OFFSET
 from share_placement.preemption import Candidate
-from share_placement.preemption import choice_key
 from share_placement.preemption import PodOnNode
 from share_placement.preemption import PreemptionNode
+from share_placement.preemption import choice_key
 from share_placement.preemption import choose_victims
 from share_placement.preemption import importance_order
 from share_placement.preemption import node_candidate
@@ -262,7 +262,7 @@ def small_nodes(draw: st.DrawFn) -> tuple[PreemptionNode, Demand, int, dict[str,
     )
     demand = Demand(
         draw(st.integers(1, 8)),
-        count=draw(st.integers(0, 2)),
+        count=draw(st.integers(0, 3)),
         models=draw(st.sampled_from([(), ("a100",)])),
         cpu=draw(st.sampled_from([0, 200, 500])),
         memory=draw(st.sampled_from([0, 2])),
@@ -308,3 +308,40 @@ def test_ranking_across_nodes_is_the_minimum_of_each_nodes_minimum(cases: list) 
     for c in ranked:
         nd = next(nd for nd in nodes if nd.name == c.node)
         assert choice_key(c.victims, c.pdb_violations, c.gpus) == brute_force(nd, demand, priority, budgets)
+
+
+@st.composite
+def crowded_gpus(draw: st.DrawFn) -> tuple[PreemptionNode, Demand, int, dict[str, int]]:
+    """Two GPUs with many small pods: the search's fronts grow, the brute force still runs."""
+    pods, used = [], [0, 0]
+    for k in range(draw(st.integers(4, 11))):
+        index = draw(st.integers(0, 1))
+        units = draw(st.integers(1, 3))
+        wide = draw(st.integers(0, 5)) == 0
+        gpus = {0: units, 1: units} if wide else {index: units}
+        if all(used[i] + u <= 16 for i, u in gpus.items()):
+            for i, u in gpus.items():
+                used[i] += u
+            pods.append(
+                PodOnNode(
+                    f"p{k}",
+                    draw(st.sampled_from([0, 1, 2])),
+                    tuple(sorted(gpus.items())),
+                    pdbs=("x",) if draw(st.integers(0, 4)) == 0 else (),
+                    start=float(draw(st.integers(0, 2))),
+                )
+            )
+    n = PreemptionNode("n", tuple(GpuSlot(i, "T4", 16, 16 - used[i]) for i in range(2)), tuple(pods))
+    demand = Demand(draw(st.integers(4, 16)), count=draw(st.integers(1, 2)))
+    return n, demand, 3, {"x": draw(st.integers(0, 1))}
+
+
+@settings(max_examples=200, deadline=None)
+@given(crowded_gpus())
+def test_search_equals_brute_force_on_crowded_gpus(case: tuple[PreemptionNode, Demand, int, dict[str, int]]) -> None:
+    n, demand, priority, budgets = case
+    expected = brute_force(n, demand, priority, budgets)
+    got = node_candidate(n, demand, priority, budgets)
+    assert (got is None) == (expected is None)
+    if got is not None:
+        assert choice_key(got.victims, got.pdb_violations, got.gpus) == expected
