@@ -454,3 +454,28 @@ def simulate_preemption_timeline(
     )
     tl.run()
     return tl.result(time.perf_counter() - started)
+
+
+def format_preemption(rows: list[dict]) -> str:
+    """The preemption figures of `share-sim timeline --preempt` rows, one line per policy and load, then
+    the waits per priority (higher first)."""
+    lines = [
+        f"{'policy':<9}{'rho':>6}  {'preempt':<8}{'dry runs':>9}{'preemptions':>12}{'victims':>8}{'per':>6}"
+        f"{'wasted':>7}{'lost GPU-h':>11}  waits per priority: waited % / p50 / p99",
+    ]
+    for row in rows:
+        m = row["mean"].get("preemption")
+        if not m:
+            continue
+        rho = "replay" if row["rho"] is None else f"{row['rho']:g}"
+        per = "-" if m["victims_per_preemption"] is None else f"{m['victims_per_preemption']:.2f}"
+        waits = "  ".join(
+            f"{p}: {w['waited_pct']:.1f}/{w['p50_s']:.0f}s/{w['p99_s']:.0f}s" for p, w in m["by_priority"].items()
+        )
+        lines.append(
+            f"{row['policy']:<9}{rho:>6}  {'on' if m['enabled'] else 'off':<8}{m['attempts']:>9.0f}"
+            f"{m['preemptions']:>12.0f}{m['victims']:>8.0f}{per:>6}{m['wasted_preemptions']:>7.0f}"
+            f"{m['lost_gpu_hours']:>11.1f}  {waits}"
+        )
+    lines.append("wasted: preemptions whose preemptor was not placed on the GPUs freed for it within the hold")
+    return "\n".join(lines)
