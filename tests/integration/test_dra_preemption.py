@@ -9,15 +9,16 @@ resourceclaim controller, with the ResourceSlice share-dra publishes (`share_dra
 tests/controlplane/draworkload.py): not at all. On v1.37 the DynamicResources plugin has no
 PreFilterExtensions (`PreFilterExtensions` returns nil in
 pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go), and its allocator is built in PreFilter
-from every allocated claim of the cluster (`GatherAllocatedState`). DefaultPreemption's dry run
-(`SelectVictimsOnNode`, pkg/scheduler/framework/plugins/defaultpreemption) removes the lower-priority pods
-from its NodeInfo copy and runs the filters again; the DRA Filter still counts the victims' claims as
-allocated, so even with every lower-priority pod removed the claim does not fit, the node is no candidate,
-and `Evaluator.evaluate` (framework/preemption) ends with "No preemption candidate is found". Nothing is
-evicted and the pod waits until something else frees the GPU (kubernetes/enhancements#5690 is the upstream
-work to change that). The control test shows the same scheduler preempting at once where the shortage is
-CPU, so the outcome is the DRA plugin's, not this set-up's. docs/dra.md ("Priorities and preemption") says
-what this means for users.
+from every allocated claim of the cluster (`GatherAllocatedState`). Its Filter fails a node where the claim
+does not fit with `statusUnschedulable`, which is UnschedulableAndUnresolvable: DefaultPreemption's
+`findCandidates` (framework/preemption) takes only nodes marked Unschedulable, finds none, and
+`Evaluator.evaluate` ends with "No preemption candidate is found" (the pod's message: "preemption: ...
+Preemption is not helpful for scheduling"). Even were the node tried, its dry run (`SelectVictimsOnNode`)
+removes the lower-priority pods from its NodeInfo copy only, and with no PreFilterExtensions the DRA Filter
+would still count their claims as allocated. Nothing is evicted and the pod waits until something else
+frees the GPU (kubernetes/enhancements#5690 is the upstream work to change that). The control test shows
+the same scheduler preempting at once where the shortage is CPU, so the outcome is the DRA plugin's, not
+this set-up's. docs/dra.md ("Priorities and preemption") says what this means for users.
 """
 
 from __future__ import annotations
@@ -217,12 +218,13 @@ def test_kube_scheduler_does_not_preempt_for_a_claim(pre_cluster: PreemptionClus
     assert not (pod.get("status") or {}).get("nominatedNodeName"), "kube-scheduler nominated a node"
     message = unschedulable(pod) or ""
     print(f"\nhigh-priority pod's PodScheduled message: {message}")
-    # The dry run found the node no better with every lower-priority pod removed: the DRA Filter's own reason.
+    # The DRA Filter failed the node as UnschedulableAndUnresolvable ("cannot allocate all claims"), so
+    # DefaultPreemption did not even try it: no node is a potential preemption node.
     fit, _, preemption = message.partition("preemption:")
     assert "cannot allocate all claims" in fit, message
-    assert "cannot allocate all claims" in preemption, message
+    assert "Preemption is not helpful for scheduling" in preemption, message
     log = pre_cluster.scheduler_log()
-    assert "No preemption candidate is found" in log, "kube-scheduler's --v=2 log shows no failed dry run"
+    assert "No preemption candidate is found" in log, "kube-scheduler's --v=2 log shows no preemption attempt"
     assert consumed_by_device(pre_cluster.claims()) == {(NODE, "gpu-0"): 12 * 1024, (NODE, "gpu-1"): 8 * 1024}
 
     # What a per-device preemption would have done: low-b is the one victim (lowest cost: one pod, 8 GiB).
