@@ -63,6 +63,7 @@ TIMER = -1  # a departure entry that is no pod: wakes the engine up at a hold's 
 RETRY_S = 300.0  # kube-scheduler's podMaxInUnschedulablePodsDuration: a waiting pod tries again at least this often
 MIN_CANDIDATES = 100  # defaultpreemption's minCandidateNodesAbsolute
 CANDIDATE_PCT = 10  # defaultpreemption's minCandidateNodesPercentage
+ANSWER_CACHE_LIMIT = 200_000  # per-node answers kept between dry runs (memory bound)
 
 
 def num_candidates(potential: int) -> int:
@@ -145,6 +146,10 @@ class PreemptionTimeline(Timeline):
         self.retries: list[tuple[float, int]] = []  # heap of (next try, seq) for waiting pods that may preempt
         self.requeue: list[int] = []  # victims gone, to come back after this event's retries
         self.stats = PreemptionStats()
+        # Every change on a node (a pod placed, gone, or terminating) bumps its version; the victim choice's
+        # answer per (node, demand, priority) is kept until then: a full cluster changes a few nodes per event.
+        self.node_version = [0] * len(workload.nodes)
+        self._node_answers: dict[tuple[int, int, int], tuple[int, Candidate | None]] = {}
         self._rng = random.Random(f"preempt-{seed}")
         self._min_priority = min((p.priority for p in workload.pods), default=0)
 
@@ -163,6 +168,7 @@ class PreemptionTimeline(Timeline):
     def place(self, seq: int, node: int, positions: tuple[int, ...]) -> None:
         super().place(seq, node, positions)
         self.on_node[node].add(seq)
+        self.node_version[node] += 1
         done = self.open.pop(seq, None)
         if done is not None:
             hold = self.holds.pop(seq)
@@ -176,6 +182,7 @@ class PreemptionTimeline(Timeline):
             return TIMER  # a timer, not a pod: run() calls after_event next, which does what is due
         node = super().release(seq)
         self.on_node[node].discard(seq)
+        self.node_version[node] += 1
         if seq in self.terminating:
             self.terminating.discard(seq)
             self.requeue.append(seq)
@@ -283,18 +290,34 @@ class PreemptionTimeline(Timeline):
         want = num_candidates(n)
         offset = self._rng.randrange(n)
         found: list[Candidate] = []
+        dix = self.cluster.pod_demand[pod]
+        cache, version, names = self._node_answers, self.node_version, self.node_names
         for k in range(n):
             node = (offset + k) % n
-            held = taken.get(self.node_names[node], {})
-            if not self._might_help(node, demand, priority, held):
-                continue
-            best = choose_victims([self.preemption_node(node, held)], demand, priority)
-            if best and best[0].victims:
-                found.append(best[0])
+            held = taken.get(names[node]) if taken else None
+            key = (node, dix, priority)
+            got = None if held else cache.get(key)
+            if got is not None and got[0] == version[node]:
+                cand = got[1]
+            else:
+                cand = self._node_answer(node, demand, priority, held or {})
+                if not held:  # a node's answer holds until something on it changes (its version)
+                    if len(cache) >= ANSWER_CACHE_LIMIT:
+                        cache.clear()
+                    cache[key] = (version[node], cand)
+            if cand is not None:
+                found.append(cand)
                 if len(found) >= want:
                     break
         found.sort(key=lambda c: c.key)
         return found
+
+    def _node_answer(self, node: int, demand: Demand, priority: int, held: dict[int, int]) -> Candidate | None:
+        """The node's cheapest victims for the demand, or None (nothing to evict, or evicting cannot help)."""
+        if not self._might_help(node, demand, priority, held):
+            return None
+        best = choose_victims([self.preemption_node(node, held)], demand, priority)
+        return best[0] if best and best[0].victims else None
 
     def try_preempt(self, seq: int) -> bool:
         """Preempt for waiting arrival `seq` if some node's lower-priority pods can make room: evict the best
@@ -330,6 +353,7 @@ class PreemptionTimeline(Timeline):
         heapq.heapify(self.departures)
         for v in victims:
             self.terminating.add(v)
+            self.node_version[self.where[v][0]] += 1
             # gone at the end of its grace period, or sooner if it finishes by itself first
             heapq.heappush(self.departures, (min(due[v], now + self.grace_s), v))
         return True
