@@ -7,6 +7,8 @@ One node of two GPUs of 1000 units, binpack (first GPU among equals). Pods by in
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from share_placement import BinpackPolicy
@@ -132,3 +134,38 @@ def test_candidate_count_is_upstreams():
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="grace_s"):
         PreemptionTimeline(workload(), BinpackPolicy(), FILLED, 0, 100, grace_s=-1)
+
+
+def test_cli_preempt_on_and_off_print_preemption_figures(tmp_path, capsys):
+    from share_scheduler.sim import cli
+
+    nodes = tmp_path / "nodes.csv"
+    pods = tmp_path / "pods.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,100000,2,T4\nn1,64000,100000,2,T4\n")
+    header = (
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+    )
+    rows = [
+        "be,1000,10,1,600,,BE,Running,0,40000,0",
+        "burst,1000,10,1,700,,Burstable,Running,0,20000,0",
+        "ls,1000,10,1,1000,,LS,Running,0,3000,0",
+        "ls2,1000,10,2,1000,,LS,Running,0,5000,0",
+    ]
+    pods.write_text(header + "\n" + "\n".join(rows) + "\n")
+    common = ["timeline", "--nodes", str(nodes), "--pods", str(pods), "--rho", "1.2", "--days", "0.5"]
+    common += ["--warmup-days", "0.1", "--seeds", "2", "--policy", "binpack", "--json"]
+    figures = {}
+    for mode in ("on", "off"):
+        assert cli.main([*common, "--preempt", mode]) == 0
+        row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        figures[mode] = row["mean"]["preemption"]
+        assert all("preemption" in s for s in row["seeds"])
+        assert set(figures[mode]["by_priority"]) == {"2", "1", "0"}
+    assert figures["off"]["preemptions"] == 0 and figures["off"]["enabled"] is False
+    assert figures["on"]["preemptions"] > 0 and figures["on"]["victims"] >= figures["on"]["preemptions"]
+    # Preemption shortens the highest priority's waits.
+    assert figures["on"]["by_priority"]["2"]["p99_s"] < figures["off"]["by_priority"]["2"]["p99_s"]
+    # The table prints the preemption line too.
+    assert cli.main([*[a for a in common if a != "--json"], "--preempt", "on"]) == 0
+    out = capsys.readouterr().out
+    assert "preemptions" in out and "waits per priority" in out
