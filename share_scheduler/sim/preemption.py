@@ -23,6 +23,8 @@ states, and what follows is what kube-scheduler and the pods' controllers do:
   needing the rest of its time (its trace duration ended at a time its owner chose; the replacement runs
   until then). Recreated pods are not in the per-class wait figures (they are not arrivals of the stream);
   their own waits are reported under `preemption`. The time the victims had run is reported as lost work.
+  (The queue orders a priority's pods by arrival number: a recreated pod, numbered after the whole stream,
+  queues behind every pod of its priority, a little later than kube-scheduler's timestamp order would.)
 - **The freed GPUs are held** (`share_core.holds`, `HoldKind.PREEMPTION`) for the preemptor from the
   eviction until it is placed or `grace_s + hold_s` has passed: pods of lower priority see the held memory
   as taken, pods of equal or higher priority do not (what filter does on the cluster).
