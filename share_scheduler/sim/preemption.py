@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 
+import share_placement as placement
 from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import held_units
@@ -201,20 +202,36 @@ class PreemptionTimeline(Timeline):
     def retry_on(self, node: int) -> None:
         if node == TIMER:
             return
-        if self.holds:
-            super().retry_on(node)
+        name = self.node_names[node]
+        if any(h.node == name for h in self.holds.values()):
+            super().retry_on(node)  # a hold on this node: pod by pod, each seeing the node as its holds say
             return
-        hooks, self.hooks = self.hooks, None  # no hold: every pod sees the same room, the grouped retry
+        # No hold on this node (holds elsewhere do not change its room): the grouped retry.
+        hooks, self.hooks = self.hooks, None
         try:
             super().retry_on(node)
         finally:
             self.hooks = hooks
 
-    def _choose(self, seq: int):  # type: ignore[no-untyped-def]
-        if not self.holds:
-            dix = self.cluster.pod_demand[self.arrivals[seq].pod]
-            return self.cluster.best_indexed(dix, self._pick_rng)
-        return super()._choose(seq)
+    def _choose(self, seq: int) -> tuple[int, placement.Evaluation] | None:
+        """The policy's best node for arrival `seq`, held nodes seen as the holds say. The indexed best over
+        the unheld view answers when it is not a held node, once the held nodes' own (reduced) answers are
+        weighed against it; a held pick falls back to the exact scan."""
+        dix = self.cluster.pod_demand[self.arrivals[seq].pod]
+        pick = self.cluster.best_indexed(dix, self._pick_rng)
+        if pick is None or not self.holds:
+            return pick  # fits nowhere with no hold: less room fits nowhere either
+        held = self.held_for(seq)
+        if not held:
+            return pick
+        if pick[0] in held:
+            return self._choose_held(dix, held)
+        demand = self.cluster.demands[dix]
+        for node, view in sorted(held.items()):
+            ev = self.cluster.evaluate(view, demand)
+            if ev is not None and ev[0] > pick[1][0]:
+                pick = (node, ev)
+        return pick
 
     # --- preemption ---
     def preemption_node(self, node: int, held: dict[int, int]) -> PreemptionNode:
