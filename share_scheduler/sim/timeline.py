@@ -37,6 +37,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -164,8 +165,9 @@ class TimelineHooks:
     """Where issue 40's remedies plug in; this default changes nothing.
 
     `held` may reduce the room some pods see (reservations, holds for moved pods: share_core.holds'
-    `held_units` decides which); `after_event` runs after every arrival and departure (a consolidation
-    step: it may `Timeline.release`, `Timeline.place` and `Timeline.retry_on`)."""
+    `held_units` decides which, `Timeline.held_views` turns its answer into views); `after_event` runs
+    after every arrival and departure (a consolidation step: it may `Timeline.release`, `Timeline.place`,
+    `Timeline.unqueue` and `Timeline.retry_on`)."""
 
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
         """Nodes whose room arrival `seq` must see reduced, as the views it sees; None: no hold applies."""
@@ -267,14 +269,17 @@ class Timeline:
         self.pod_class = [CLASSES.index(pod_class(p, unit)) for p in workload.pods]
         self.pod_gpu = [p.gpu_request for p in workload.pods]
         self.pod_priority = [p.priority for p in workload.pods]
+        self.node_index = {n.name: i for i, n in enumerate(workload.nodes)}
         n = len(arrivals)
         self.started: list[float | None] = [None] * n  # when each arrival was placed
         self.where: dict[int, tuple[int, tuple[int, ...]]] = {}  # running seq -> (node, view positions)
-        self.departures: list[tuple[float, int]] = []  # heap of (time, seq)
+        self.departures: list[tuple[float, int]] = []  # heap of (time, seq); stale entries skipped
+        self.ends: dict[int, float] = {}  # running seq -> when it leaves (its live departure entry)
         self.queues: dict[int, list[tuple[int, int]]] = {}  # demand id -> heap of (-priority, seq)
         self.waiting_count = [0] * len(CLASSES)
         self.used = 0  # GPU units allocated
         self.now = 0.0
+        self.arrived = 0  # arrivals processed so far (those up to the end)
         # Integrals over [warmup, end].
         self._alloc_area = 0.0
         self._free_waiting_area = 0.0
@@ -289,6 +294,24 @@ class Timeline:
         for _, seq in keys:
             a = self.arrivals[seq]
             yield seq, a.pod, a.time
+
+    def held_views(self, held: Mapping[str, Mapping[int, int]]) -> dict[int, NodeView]:
+        """share_core.holds.held_units' answer (node name -> GPU index -> units held against a pod) as the
+        reduced views `TimelineHooks.held` returns: those units counted as taken (never below 0 free)."""
+        out: dict[int, NodeView] = {}
+        for name, per_gpu in held.items():
+            node = self.node_index.get(name)
+            if node is None:
+                raise ValueError(f"a hold names node {name!r}, which is not in the simulated cluster")
+            gpus, cpu, mem = self.cluster.view(node)
+            reduced = list(gpus)
+            for g, units in per_gpu.items():
+                if not 0 <= g < len(reduced):
+                    raise ValueError(f"a hold names GPU {g} of node {name!r}, which has {len(reduced)}")
+                model, free = reduced[g]
+                reduced[g] = (model, max(0, free - units))
+            out[node] = (tuple(reduced), cpu, mem)
+        return out
 
     # --- time ---
     def _advance(self, t: float) -> None:
@@ -316,13 +339,17 @@ class Timeline:
         a = self.arrivals[seq]
         self.cluster.place(node, self.cluster.pod_demand[a.pod], positions)
         self.where[seq] = (node, positions)
-        self.started[seq] = self.now
+        if self.started[seq] is None:  # its first placement ends its wait (a move does not start one)
+            self.started[seq] = self.now
         self.used += self.pod_gpu[a.pod]
+        self.ends[seq] = self.now + a.duration
         heapq.heappush(self.departures, (self.now + a.duration, seq))
 
     def release(self, seq: int) -> int:
-        """Stop arrival `seq` (it left): its room is free again. Returns its node."""
+        """Stop arrival `seq` (it left, or a hook moves it): its room is free again. Returns its node; the
+        caller retries the waiting pods there (`retry_on`). Placed again, it runs its whole duration anew."""
         node, positions = self.where.pop(seq)
+        del self.ends[seq]
         pod = self.arrivals[seq].pod
         self.cluster.release(node, self.cluster.pod_demand[pod], positions)
         self.used -= self.pod_gpu[pod]
@@ -418,10 +445,11 @@ class Timeline:
             else:
                 ev = cluster.evaluate(view, cluster.demands[dix])
             if ev is not None:
-                self._remove_waiting(seq)
+                self.unqueue(seq)
                 self.place(seq, node, ev[1])
 
-    def _remove_waiting(self, seq: int) -> None:
+    def unqueue(self, seq: int) -> None:
+        """Take waiting arrival `seq` out of the queue (to place it, as a retry or a hook does)."""
         pod = self.arrivals[seq].pod
         dix = self.cluster.pod_demand[pod]
         heap = self.queues[dix]
@@ -436,7 +464,7 @@ class Timeline:
         for seq in [s for s, _, _ in list(self.waiting())]:
             chosen = self._choose(seq)
             if chosen is not None:
-                self._remove_waiting(seq)
+                self.unqueue(seq)
                 node, ev = chosen
                 self.place(seq, node, ev[1])
 
@@ -453,6 +481,8 @@ class Timeline:
                     break
                 self._advance(td)
                 _, seq = heapq.heappop(departures)
+                if self.ends.get(seq) != td:  # released by a hook since: this departure is void
+                    continue
                 self.retry_on(self.release(seq))
             else:
                 if ta > end:
@@ -463,7 +493,7 @@ class Timeline:
             if self.hooks is not None:
                 self.hooks.after_event(self, self.now)
         self._advance(end)
-        self._arrived = i
+        self.arrived = i
 
     def result(self, seconds: float = 0.0) -> TimelineResult:
         """The figures, the warm-up cut: per-pod figures for pods arriving in [warmup, end]; waits of pods
@@ -471,7 +501,7 @@ class Timeline:
         span = self.end_s - self.warmup_s
         waits: list[list[float]] = [[] for _ in CLASSES]
         arrived = placed = 0
-        for seq in range(getattr(self, "_arrived", 0)):
+        for seq in range(self.arrived):
             a = self.arrivals[seq]
             started = self.started[seq]
             if started is not None and started >= self.warmup_s:
