@@ -20,6 +20,7 @@ from share_core.kube import NotFound
 from share_core.kube import Obj
 from share_core.kube import Pages
 from share_core.kube import WatchEvent
+from share_core.kube import now_rfc3339
 
 
 def _match_fields(obj: Obj, selector: str | None) -> bool:
@@ -231,6 +232,27 @@ class FakeKube:
                 )
             self._merge(pod["metadata"].setdefault("annotations", {}), annotations)
             return self._modified("pods", pod)
+
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Obj:
+        self._enter("add_pod_condition")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            conditions[:] = [c for c in conditions if c.get("type") != condition.get("type")] + [dict(condition)]
+            return self._modified("pods", pod)
+
+    def remove_pod(self, namespace: str, name: str, uid: str) -> None:
+        """As the API server deletes a pod with a grace period: deletionTimestamp set (the pod keeps running
+        until `finish_deletion` or a test deletes it outright)."""
+        self._enter("remove_pod")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            if uid and pod["metadata"].get("uid") != uid:
+                raise Conflict(
+                    f"pod {namespace}/{name} has UID {pod['metadata'].get('uid')}, not {uid}", 409, "Conflict"
+                )
+            pod["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+            self._modified("pods", pod)
 
     def _patch_node(self, call: str, name: str, patch: Mapping[str, str | None], *maps: tuple[str, str]) -> Obj:
         """Node `name` with `patch` merged into each of its `maps` ((section, field): metadata.annotations)."""

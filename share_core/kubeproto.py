@@ -194,6 +194,7 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
         scalar("uid", META_UID),
         scalar("resourceVersion", 6),
         one("deletionTimestamp", 9, "Time"),
+        map_field("labels", 11),
         map_field("annotations", META_ANNOTATIONS),
         many("ownerReferences", 13, "OwnerReference"),
     ),
@@ -220,6 +221,7 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
     "PodStatus": (
         scalar("phase", 1),
         many("conditions", 2, "PodCondition"),
+        one("startTime", 7, "Time"),
         many("containerStatuses", 8, "ContainerStatus"),
         many("initContainerStatuses", 10, "ContainerStatus"),
         map_field("allocatedResources", 19, "Quantity"),
@@ -353,6 +355,8 @@ def slim_pod(message: Any) -> dict[str, Any]:
     meta = {"name": m.name, "namespace": m.namespace, "uid": m.uid, "resourceVersion": m.resourceVersion}
     if m.annotations:
         meta["annotations"] = dict(m.annotations)
+    if m.labels:  # which PodDisruptionBudgets select the pod (preemption)
+        meta["labels"] = dict(m.labels)
     if m.HasField("deletionTimestamp"):
         meta["deletionTimestamp"] = _rfc3339(m.deletionTimestamp.seconds)
     if m.ownerReferences:
@@ -362,6 +366,8 @@ def slim_pod(message: Any) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": st.phase} if st.phase else {}
     if st.conditions:
         status["conditions"] = [{"type": c.type, "reason": c.reason} for c in st.conditions]
+    if st.HasField("startTime"):  # preemption's tie-break among equal victims
+        status["startTime"] = _rfc3339(st.startTime.seconds)
     for field in ("containerStatuses", "initContainerStatuses"):
         statuses = getattr(st, field)
         if statuses:

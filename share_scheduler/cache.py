@@ -649,6 +649,16 @@ class ClusterCache:
             pods = self._pods
             return [pods[k] for k in self._by_node.get(node, ()) if k in pods and pods[k].node == node]
 
+    def record(self, key: str) -> PodRecord | None:
+        """What the cache knows of a pod (namespace/name), bound or not."""
+        with self._lock:
+            return self._pods.get(key)
+
+    def victim_running(self, node: str, uid: str) -> bool:
+        """Whether the pod of `uid` is still bound to `node` and not terminating (preemption's check that
+        its victims are going)."""
+        return any(r.uid == uid and not r.terminating for r in self.pods_on(node))
+
     def node_count(self) -> int:
         return len(self._nodes)
 

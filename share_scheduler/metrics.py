@@ -113,4 +113,53 @@ class Metrics:
             "gpushare_events_failed", "Events the API server refused or did not answer", registry=self.registry
         )
         self.registry.register(_SyncedCollector(cache))
+        # Preemption (share_scheduler.preempt): the verb's answers, the decisions and how they ended.
+        self.preempt_calls = Counter(
+            "gpushare_preempt_calls", "preempt verb calls by result", ["result"], registry=self.registry
+        )
+        self.preempt_unknown_victims = Counter(
+            "gpushare_preempt_unknown_victims",
+            "victims kube-scheduler proposed that the extender's cache does not know (watch lag)",
+            registry=self.registry,
+        )
+        self.preempt_victims_added = Counter(
+            "gpushare_preempt_victims_added",
+            "victims the extender chose that kube-scheduler had not proposed on that node",
+            registry=self.registry,
+        )
+        self.preempt_victims_dropped = Counter(
+            "gpushare_preempt_victims_dropped",
+            "victims kube-scheduler proposed on the chosen node that the extender spared",
+            registry=self.registry,
+        )
+        self.preemptions = Counter(
+            "gpushare_preemptions",
+            "preemption decisions (verb: kube-scheduler evicts; extender: the leader evicts itself)",
+            ["source"],
+            registry=self.registry,
+        )
+        self.preemption_victims = Histogram(
+            "gpushare_preemption_victims",
+            "victims per preemption",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+            registry=self.registry,
+        )
+        self.preempt_evictions = Counter(
+            "gpushare_preempt_evictions", "victims the extender itself evicted", registry=self.registry
+        )
+        self.preempt_eviction_errors = Counter(
+            "gpushare_preempt_eviction_errors", "evictions the API server refused or failed", registry=self.registry
+        )
+        self.preemption_outcomes = Counter(
+            "gpushare_preemption_outcomes",
+            "how preemptions ended: bound_on_freed_gpus, bound_elsewhere, timed_out, preemptor_deleted, "
+            "not_carried_out",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.preemption_wasted_evictions = Counter(
+            "gpushare_preemption_wasted_evictions",
+            "victims of preemptions whose preemptor was not bound on the freed GPUs within the hold's time",
+            registry=self.registry,
+        )
         self.gpus = GpuGauges(cache)

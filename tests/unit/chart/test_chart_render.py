@@ -225,6 +225,11 @@ def test_extender_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
         ("", "pods/binding", "create", ()),  # the assignment annotations travel on the Binding
+        ("", "pods", "patch", ()),  # preemption: the gpushare.io/holds annotation on the preemptor
+        ("", "pods", "delete", ()),  # preemption where kube-scheduler has no candidate: the victims
+        ("", "pods/status", "patch", ()),  # ... marked DisruptionTarget first, as kube-scheduler does
+        ("policy", "poddisruptionbudgets", "list", ()),  # preemption ranks candidates by PDB violations
+        ("policy", "poddisruptionbudgets", "watch", ()),
         ("", "events", "create", ()),
         ("events.k8s.io", "events", "create", ()),
     }
@@ -628,7 +633,7 @@ def test_config_key_facts(docs: list[Obj]) -> None:
     assert cfg["percentageOfNodesToScore"] in (100, 70)  # 70: all-options sets it
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
     ext = cfg["extenders"][0]
-    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"], ext["preemptVerb"]) == ("filter", "bind", "preempt")
     assert ("prioritizeVerb" in ext) == ("weight" in ext)
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     assert "managedResources" not in ext  # every pod of the profile reaches the extender (IsInterested)

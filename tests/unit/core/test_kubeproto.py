@@ -376,7 +376,7 @@ def test_slim_pod_gives_the_cache_the_same_facts(messages, pod):
     assert kind == "MODIFIED"
     assert facts(slim) == facts(pod)
     meta = pod["metadata"]
-    keys = ("name", "namespace", "uid", "resourceVersion", "annotations")
+    keys = ("name", "namespace", "uid", "resourceVersion", "annotations", "labels")  # labels: which PDBs select it
     owner = [{"kind": "Job", "name": "j", "uid": "u", "controller": True}]  # as upstream_pod writes it
     assert slim["metadata"] == {**{k: meta[k] for k in keys if k in meta}, "ownerReferences": owner}
     spec = slim["spec"]
@@ -484,3 +484,14 @@ def test_slim_pod_keeps_what_preemption_reads(messages):
     assert slim["spec"]["preemptionPolicy"] == "Never"
     record = pod_record(slim)
     assert (record.priority, record.owner_uid, record.terminating) == (7, "u", True)
+
+
+def test_slim_pod_keeps_labels_and_start_time_for_preemption(messages):
+    """Which PDBs select a bound pod (its labels) and its start time (preemption's last tie-break)."""
+    msg = messages["Pod"].FromString(upstream_pod(messages, CASES[1]))
+    msg.status.startTime.seconds = 1795431700
+    _, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
+    record = pod_record(slim)
+    assert dict(record.labels) == {"app": "train", "ünïcode": "ok"}
+    assert record.started == 1795431700.0
+    assert pod_record(CASES[1]).started == 0.0  # the JSON case has no start time
