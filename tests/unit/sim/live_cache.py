@@ -5,12 +5,17 @@ The cache is fed exactly as the pod and node watches feed it (`replace_nodes`, `
 Pod objects: the gpushare.io/gpus annotation, bound pods with their gpu-index annotation, `spec.priority`,
 CPU and memory requests). `live_preemption_node` reads a node back the way the extender's preemption does:
 the cache's node state (each GPU's free units, its host room) and `pods_on` (each pod's priority, GPUs,
-CPU, memory, whether it is terminating). Sim memory is in MiB; the cache counts bytes.
+CPU, memory, whether it is terminating), through the extender's own `share_scheduler.preempt.preemption_nodes`,
+the function its preempt verb and its own preemption call. Sim memory is in MiB; the cache counts bytes. Each
+pod's `status.startTime` is EPOCH + its sim start, so the victim choice's last tie-break (start times) reads
+the same order from both.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC
+from datetime import datetime
 from typing import Any
 
 from share_core.contract import ANN_ASSIGNED
@@ -21,12 +26,14 @@ from share_core.contract import ANN_GPU_UUID
 from share_core.contract import ANN_NODE_GPUS
 from share_core.contract import RESOURCE_MEM
 from share_placement.model import Demand
-from share_placement.preemption import PodOnNode
 from share_placement.preemption import PreemptionNode
+from share_scheduler.budgets import BudgetIndex
 from share_scheduler.cache import ClusterCache
+from share_scheduler.preempt import preemption_nodes
 from share_scheduler.sim.timeline import Timeline
 
 MIB = 2**20
+EPOCH = 1_700_000_000  # sim time 0 as a wall-clock time (startTime must be a real date)
 
 
 def node_object(tl: Timeline, node: int) -> dict[str, Any]:
@@ -79,8 +86,12 @@ def pod_object(tl: Timeline, seq: int) -> dict[str, Any]:
             "priority": tl.pod_priority[tl.arrivals[seq].pod],
             "containers": [{"name": "main", "image": "x", "resources": {"requests": requests, "limits": limits}}],
         },
-        "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"},
+        "status": {"phase": "Running", "startTime": start_time(tl.started[seq] or 0.0)},
     }
+
+
+def start_time(sim_s: float) -> str:
+    return datetime.fromtimestamp(EPOCH + int(sim_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def cache_from_timeline(tl: Timeline) -> tuple[ClusterCache, dict[int, str]]:
@@ -92,32 +103,11 @@ def cache_from_timeline(tl: Timeline) -> tuple[ClusterCache, dict[int, str]]:
     return cache, {int(p["metadata"]["uid"]): f"sim/{p['metadata']['name']}" for p in pods}
 
 
-def live_preemption_node(
-    cache: ClusterCache, name: str, start: dict[str, float] | None = None
-) -> PreemptionNode | None:
-    """The victim choice's view of node `name` read from the cache (None: unknown node). `start`: pod UID ->
-    start time (the cache keeps none; the sim's started times, for a like-for-like comparison)."""
-    state = cache.node_state(name)
-    if state is None:
-        return None
-    pods = []
-    for record in cache.pods_on(name):
-        c = record.contribution
-        if c is None:
-            continue
-        pods.append(
-            PodOnNode(
-                uid=record.uid,
-                priority=record.priority,
-                gpus=tuple((i, c.per_gpu) for i in c.indices),
-                cpu=c.cpu,
-                memory=c.memory,
-                start=(start or {}).get(record.uid, 0.0),
-                terminating=record.terminating,
-                name=record.key,
-            )
-        )
-    return PreemptionNode(name, state.gpus, tuple(pods), state.cpu_free, state.memory_free, None)
+def live_preemption_node(cache: ClusterCache, name: str) -> PreemptionNode | None:
+    """Node `name` as the extender's preemption reads it from the cache (None: unknown node), no PDBs, no
+    holds."""
+    nodes, _ = preemption_nodes(cache, BudgetIndex(), [name], {})
+    return nodes[0] if nodes else None
 
 
 def live_demand(demand: Demand) -> Demand:

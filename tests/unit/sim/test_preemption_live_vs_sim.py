@@ -1,6 +1,7 @@
 """The live and the simulated victim choice agree on the same cluster: one function
 (`share_placement.preemption.choose_victims`), its input read once from share-sim's node states and once
-from the extender's ClusterCache fed the same nodes and pods as the watches would (tests/unit/sim/live_cache.py)."""
+from the extender's ClusterCache fed the same nodes and pods as the watches would, through the extender's
+own `share_scheduler.preempt.preemption_nodes` (tests/unit/sim/live_cache.py)."""
 
 from __future__ import annotations
 
@@ -48,14 +49,13 @@ def test_live_and_sim_victim_choice_agree(seed):
     tl = filled_timeline(seed)
     assert len(tl.where) > 20, "the cluster should be busy"
     cache, _ = cache_from_timeline(tl)
-    start = {str(s): tl.started[s] or 0.0 for s in tl.where}
     compared = with_victims = 0
     for per_gpu in (4, 12, 16):
         for count in (1, 2):
             for priority in (1, 3):
                 demand = Demand(per_gpu, count, cpu=1000, memory=2048)
                 sim_nodes = [tl.preemption_node(i, {}) for i in range(len(tl.workload.nodes))]
-                live_nodes = [live_preemption_node(cache, n.name, start) for n in tl.workload.nodes]
+                live_nodes = [live_preemption_node(cache, n.name) for n in tl.workload.nodes]
                 assert all(n is not None for n in live_nodes)
                 # The same input: per node, each GPU's free units and each pod's priority, GPUs, CPU, memory.
                 for s, lv in zip(sim_nodes, live_nodes, strict=True):
@@ -64,6 +64,12 @@ def test_live_and_sim_victim_choice_agree(seed):
                         (p.uid, p.priority, p.gpus, p.cpu, p.memory) for p in lv.pods
                     )
                     assert (s.cpu_free, s.memory_free * 2**20) == (lv.cpu_free, lv.memory_free)
+
+                    # The same order of start times (the last tie-break), from the pods' startTime.
+                    def by_start(pods):
+                        return [p.uid for p in sorted(pods, key=lambda p: (p.start, p.uid))]
+
+                    assert by_start(s.pods) == by_start(lv.pods)
                 sim = choose_victims(sim_nodes, demand, priority)
                 live = choose_victims(live_nodes, live_demand(demand), priority)  # type: ignore[arg-type]
                 key = [(c.node, c.gpus, tuple(v.uid for v in c.victims), c.pdb_violations) for c in sim]
