@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
+from share_scheduler.sim import remedies
 from share_scheduler.sim.engine import build_policy
 from share_scheduler.sim.timeline import CLASSES
 from share_scheduler.sim.timeline import DAY
@@ -57,7 +58,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per policy and load, one a line")
     p.add_argument("--plot", metavar="FILE.png", help="allocation and waiting pods over time (needs matplotlib)")
+    remedies.add_arguments(p)
     args = p.parse_args(argv)
+    try:
+        args.remedies = remedies.options_from(args)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.yaml and (args.nodes or args.pods):
         p.error("give either --yaml or --nodes and --pods, not both")
     if not args.yaml and not (args.nodes and args.pods):
@@ -92,16 +98,22 @@ def run_one(
     warmup_days: float,
     cap_days: float,
     replay: float | None = None,
+    options: remedies.RemedyOptions | None = None,
 ) -> TimelineResult:
-    """One seed of one policy at one load (or the trace replayed), the policy built as the extender builds it."""
+    """One seed of one policy at one load (or the trace replayed), the policy built as the extender builds it;
+    with issue 40's remedies where `options` turns any on."""
     if replay is not None:
         arrivals = trace_arrivals(workload, replay, cap_days, days)
     else:
         assert rho is not None
         arrivals = poisson_arrivals(workload, rho, days, cap_days, seed)
-    result = simulate_timeline(
-        workload, build_policy(name, seed, workload), arrivals, warmup_days * DAY, days * DAY, seed=seed
-    )
+    policy = build_policy(name, seed, workload)
+    if options is not None and options.any:
+        result = remedies.simulate_with_remedies(
+            workload, policy, arrivals, warmup_days * DAY, days * DAY, options, seed=seed
+        )
+    else:
+        result = simulate_timeline(workload, policy, arrivals, warmup_days * DAY, days * DAY, seed=seed)
     result.policy = name
     return result
 
@@ -117,7 +129,14 @@ def mean_figures(results: list[TimelineResult]) -> dict:
     per_seed = [r.figures() for r in results]
     mean: dict = {
         key: _avg([f[key] for f in per_seed])
-        for key in ("alloc_pct", "free_while_waiting_pct", "gpu_waiting_time_pct", "arrivals", "placed")
+        for key in (
+            "alloc_pct",
+            "free_while_waiting_pct",
+            "gpu_waiting_time_pct",
+            "arrivals",
+            "placed",
+            "evictions_per_1000_placed",
+        )
     }
     mean["classes"] = {
         c: {k: _avg([f["classes"][c][k] for f in per_seed]) for k in ("pods", *FIGURES)} for c in CLASSES
@@ -146,10 +165,11 @@ def run(
     cap_days: float,
     replay: float | None = None,
     jobs: int = 1,
+    options: remedies.RemedyOptions | None = None,
 ) -> list[tuple[dict, list[TimelineResult]]]:
     """Every (policy, load) over every seed: (summary, the seeds' results) in policy-then-load order."""
     tasks = [(name, rho, seed) for name in policies for rho in rhos for seed in seeds]
-    args = [(workload, name, seed, rho, days, warmup_days, cap_days, replay) for name, rho, seed in tasks]
+    args = [(workload, name, seed, rho, days, warmup_days, cap_days, replay, options) for name, rho, seed in tasks]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = [f.result() for f in [pool.submit(run_one, *a) for a in args]]
@@ -270,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.cap_days,
             args.replay,
             args.jobs,
+            args.remedies,
         )
     except ValueError as exc:
         print(f"share-sim: {exc}", file=sys.stderr)
