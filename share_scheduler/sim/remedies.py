@@ -338,6 +338,11 @@ class RemedyTimeline(Timeline):
                 pick = (node, ev)
         return pick
 
+    def result(self, seconds: float = 0.0) -> TimelineResult:
+        out = super().result(seconds)
+        out.evictions = self.hooks.evictions
+        return out
+
     def retry_on(self, node: int) -> None:
         if self.hooks.holds:
             super().retry_on(node)
@@ -367,9 +372,7 @@ def simulate_with_remedies(
     hooks = RemedyHooks(workload, arrivals, options, seed)
     tl = RemedyTimeline(workload, policy, arrivals, warmup_s, end_s, seed, hooks, "node", sample_s)
     tl.run()
-    result = tl.result(time.perf_counter() - started)
-    result.evictions = hooks.evictions
-    return result
+    return tl.result(time.perf_counter() - started)
 
 
 def _on_off(text: str) -> bool:

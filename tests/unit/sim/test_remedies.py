@@ -1,0 +1,118 @@
+"""Issue 40's remedies in the timeline, against timelines worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from share_placement import BinpackPolicy
+from share_placement import SpreadPolicy
+from share_placement.starvation import ReservationLimits
+from share_scheduler.sim.remedies import RemedyHooks
+from share_scheduler.sim.remedies import RemedyOptions
+from share_scheduler.sim.remedies import RemedyTimeline
+from share_scheduler.sim.remedies import simulate_with_remedies
+from share_scheduler.sim.timeline import Arrival
+from share_scheduler.sim.timeline import simulate_timeline
+from share_scheduler.sim.timeline_cli import parse_args
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
+
+# Pods by index: 0 a half-GPU share, 1 a two-GPU pod, 2 a CPU-only pod (its arrivals make the remedies'
+# loop run at a chosen time, as the extender's timer would), 3 a 300-unit share.
+PODS = (
+    SimPod("share500", 500, 1, cpu=1000, duration=100.0),
+    SimPod("pair", 1000, 2, cpu=1000, duration=100.0),
+    SimPod("cpu", 0, 0, cpu=1, duration=1.0),
+    SimPod("share300", 300, 1, cpu=1000, duration=100.0),
+)
+
+
+def cluster(*gpus: int) -> Workload:
+    return Workload(
+        tuple(SimNode(f"n{i}", "T4", (1000,) * g, cpu=64000, memory=10**6) for i, g in enumerate(gpus)), PODS
+    )
+
+
+def timeline(workload, policy, arrivals, options, end=1000.0) -> RemedyTimeline:
+    hooks = RemedyHooks(workload, arrivals, options, seed=0)
+    tl = RemedyTimeline(workload, policy, arrivals, 0.0, end, 0, hooks)
+    tl.run()
+    return tl
+
+
+# A share on the 2-GPU node at 0 (runs to 100); the pair arrives at 1 and waits; the loop runs at 20;
+# a second share arrives at 60, a third at 150.
+STREAM = [
+    Arrival(0, 0, 100),
+    Arrival(1, 1, 100),
+    Arrival(20, 2, 1),
+    Arrival(60, 0, 100),
+    Arrival(150, 0, 100),
+]
+
+
+def test_without_a_reservation_the_stream_of_shares_keeps_the_pair_waiting():
+    r = simulate_timeline(cluster(2), BinpackPolicy(), STREAM, 0.0, 400.0)
+    # 60: the second share takes GPU 0's other half; 100: the first leaves, 150: the third takes its half;
+    # 160: the second leaves; GPU 0 is busy until 250, when the pair finally fits.
+    assert r.classes["multi"]["max_s"] == pytest.approx(249.0)
+
+
+def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_placed():
+    options = RemedyOptions(reserve=True, limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0), tick_s=1)
+    tl = timeline(cluster(2), BinpackPolicy(), STREAM, options, end=400)
+    # 20: the pair has waited 19 s: both GPUs held for it. 60: the share sees them taken and waits.
+    # 100: the first share leaves, the pair takes both GPUs; its hold goes. 150: the third share waits
+    # too (the pair runs); 200: the pair leaves, the two shares run.
+    assert tl.started == [0.0, 100.0, 20.0, 200.0, 200.0]
+    assert tl.hooks.holds == []
+
+
+def test_a_reservation_does_not_hold_against_a_higher_priority_pod():
+    pods = (*PODS[:3], SimPod("urgent", 500, 1, cpu=1000, priority=2, duration=100.0))
+    workload = Workload(cluster(2).nodes, pods)
+    arrivals = [Arrival(0, 0, 100), Arrival(1, 1, 100), Arrival(20, 2, 1), Arrival(60, 3, 100)]
+    options = RemedyOptions(reserve=True, limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0), tick_s=1)
+    tl = timeline(workload, BinpackPolicy(), arrivals, options, end=400)
+    assert tl.started[3] == 60.0  # the urgent share passes the hold
+    assert tl.started[1] == 160.0  # the pair runs once both shares are gone
+
+
+def test_consolidation_moves_a_movable_share_to_place_the_waiting_pair():
+    # Spread puts the share on the 2-GPU node n0 (the emptiest); the pair waits. At 20 the loop moves
+    # the share to n1's GPU and places the pair on n0's two GPUs.
+    arrivals = [Arrival(0, 3, 500), Arrival(1, 1, 100), Arrival(20, 2, 1)]
+    options = RemedyOptions(consolidate=True, consolidate_after_s=10, tick_s=1, movable_fraction=1.0)
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
+    assert tl.started == [0.0, 20.0, 20.0]
+    assert tl.hooks.evictions == 1
+    assert tl.where == {}  # everyone left: the moved share's departure was kept (at 500), once
+    r = tl.result()
+    assert r.figures()["evictions_per_1000_placed"] == pytest.approx(1000 / 3)
+
+
+def test_consolidation_never_moves_a_pod_no_controller_recreates():
+    arrivals = [Arrival(0, 3, 500), Arrival(1, 1, 100), Arrival(20, 2, 1)]
+    options = RemedyOptions(consolidate=True, consolidate_after_s=10, tick_s=1, movable_fraction=0.0)
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
+    assert tl.started[1] == 500.0 and tl.hooks.evictions == 0
+
+
+def test_remedies_off_change_nothing_and_leave_room_on_a_quiet_cluster_changes_nothing():
+    arrivals = [Arrival(t * 7.0, k % 4, 50.0) for t, k in enumerate(range(200))]
+    base = simulate_timeline(cluster(2, 4, 8), BinpackPolicy(), arrivals, 0.0, 2000.0)
+    same = simulate_with_remedies(
+        cluster(2, 4, 8), BinpackPolicy(), arrivals, 0.0, 2000.0, RemedyOptions(leave_room=True, reserve=True)
+    )
+    assert same.classes == base.classes and same.alloc_pct == pytest.approx(base.alloc_pct)
+
+
+def test_cli_switches_and_bad_knobs():
+    args = parse_args(["--yaml", "x.yaml", "--reserve", "on", "--consolidate", "off", "--max-moves", "3"])
+    assert args.remedies.reserve and not args.remedies.consolidate and args.remedies.max_moves == 3
+    assert not args.remedies.leave_room
+    with pytest.raises(SystemExit):
+        parse_args(["--yaml", "x.yaml", "--reserve", "maybe"])
+    with pytest.raises(SystemExit):
+        parse_args(["--yaml", "x.yaml", "--movable-fraction", "2"])
