@@ -447,7 +447,9 @@ def plan_consolidation(
     candidates: list[_Candidate] = []
     for node in nodes:
         sf = shortfall(node, demand, held.get(node.name))
-        if sf is None or sf.short == 0:
+        # More GPUs short than pods that may move: no plan there (one pod on two GPUs could free both,
+        # but moving a multi-GPU pod to make room is never the cheap plan this looks for).
+        if sf is None or sf.short == 0 or sf.short > max_moves:
             continue
         c = _candidate(apply_overlay(node, base), residents.get(node.name, ()), demand, max_moves)
         if c is not None:

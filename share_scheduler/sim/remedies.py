@@ -28,6 +28,9 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -244,20 +247,12 @@ class RemedyHooks(TimelineHooks):
         if plan is not None:
             self._apply(timeline, plan, now)
 
-    def residents(self, timeline: Timeline) -> dict[str, list[Resident]]:
-        """The running GPU pods per node, each movable as drawn for its arrival."""
-        out: dict[str, list[Resident]] = {}
-        demands, pod_demand, pods = timeline.cluster.demands, timeline.cluster.pod_demand, timeline.workload.pods
-        for seq, (node, positions) in timeline.where.items():
-            pod = timeline.arrivals[seq].pod
-            d = demands[pod_demand[pod]]
-            if d.count == 0:
-                continue
-            name = self.names[node]
-            out.setdefault(name, []).append(
-                Resident(_uid(seq), pods[pod].name, name, tuple(positions), d, self.movable[seq])
-            )
-        return out
+    def residents(self, timeline: Timeline) -> _Residents:
+        """The running GPU pods per node, each movable as drawn for its arrival (built per node on demand)."""
+        by_node: dict[int, list[int]] = {}
+        for seq, (node, _) in timeline.where.items():
+            by_node.setdefault(node, []).append(seq)
+        return _Residents(self, timeline, by_node)
 
     def _placer(self, timeline: Timeline):
         """The policy's own choice on the cluster as a plan's overlay changes it (the memo for the rest)."""
@@ -313,6 +308,39 @@ class RemedyHooks(TimelineHooks):
             self.evictions += len(plan.moves)
         # Room the moves left on other GPUs of the plan's node (and nothing else changed for the better).
         timeline.retry_on(self.index[plan.node])
+
+
+class _Residents(Mapping[str, Sequence[Resident]]):
+    """node name -> the GPU pods running there, as `Resident`s, made only for the nodes a plan looks at."""
+
+    def __init__(self, hooks: RemedyHooks, timeline: Timeline, by_node: dict[int, list[int]]) -> None:
+        self._hooks, self._tl, self._by_node = hooks, timeline, by_node
+        self._made: dict[str, list[Resident]] = {}
+
+    def __getitem__(self, name: str) -> list[Resident]:
+        made = self._made.get(name)
+        if made is not None:
+            return made
+        tl, hooks = self._tl, self._hooks
+        node = hooks.index.get(name)
+        if node is None:
+            raise KeyError(name)
+        demands, pod_demand, pods = tl.cluster.demands, tl.cluster.pod_demand, tl.workload.pods
+        made = []
+        for seq in self._by_node.get(node, ()):
+            pod = tl.arrivals[seq].pod
+            d = demands[pod_demand[pod]]
+            if d.count:
+                positions = tl.where[seq][1]
+                made.append(Resident(_uid(seq), pods[pod].name, name, tuple(positions), d, hooks.movable[seq]))
+        self._made[name] = made
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hooks.names[n] for n in self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
 
 
 class RemedyTimeline(Timeline):
