@@ -349,6 +349,21 @@ class RemedyTimeline(Timeline):
 
     hooks: RemedyHooks
 
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        arrivals: list[Arrival],
+        warmup_s: float,
+        end_s: float,
+        seed: int,
+        hooks: RemedyHooks,
+        sample_s: float | None = None,
+    ) -> None:
+        if hooks.options.leave_room and not isinstance(policy, RoomForWaiting):
+            policy = RoomForWaiting(policy)
+        super().__init__(workload, policy, arrivals, warmup_s, end_s, seed, hooks, "node", sample_s)
+
     def _choose(self, seq: int):
         held = self.hooks.held(self, seq)
         dix = self.cluster.pod_demand[self.arrivals[seq].pod]
@@ -395,10 +410,8 @@ def simulate_with_remedies(
     """`simulate_timeline` with the remedies `options` turns on (the policy wrapped to leave room when
     `leave_room`); the result carries the evictions consolidation made in the measured window."""
     started = time.perf_counter()
-    if options.leave_room:
-        policy = RoomForWaiting(policy)
     hooks = RemedyHooks(workload, arrivals, options, seed)
-    tl = RemedyTimeline(workload, policy, arrivals, warmup_s, end_s, seed, hooks, "node", sample_s)
+    tl = RemedyTimeline(workload, policy, arrivals, warmup_s, end_s, seed, hooks, sample_s)
     tl.run()
     return tl.result(time.perf_counter() - started)
 

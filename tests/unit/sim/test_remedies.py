@@ -19,12 +19,13 @@ from share_scheduler.sim.workload import SimPod
 from share_scheduler.sim.workload import Workload
 
 # Pods by index: 0 a half-GPU share, 1 a two-GPU pod, 2 a CPU-only pod (its arrivals make the remedies'
-# loop run at a chosen time, as the extender's timer would), 3 a 300-unit share.
+# loop run at a chosen time, as the extender's timer would), 3 a 300-unit share, 4 a whole GPU.
 PODS = (
     SimPod("share500", 500, 1, cpu=1000, duration=100.0),
     SimPod("pair", 1000, 2, cpu=1000, duration=100.0),
     SimPod("cpu", 0, 0, cpu=1, duration=1.0),
     SimPod("share300", 300, 1, cpu=1000, duration=100.0),
+    SimPod("whole", 1000, 1, cpu=1000, duration=100.0),
 )
 
 
@@ -97,6 +98,17 @@ def test_consolidation_never_moves_a_pod_no_controller_recreates():
     options = RemedyOptions(consolidate=True, consolidate_after_s=10, tick_s=1, movable_fraction=0.0)
     tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
     assert tl.started[1] == 500.0 and tl.hooks.evictions == 0
+
+
+@pytest.mark.parametrize("leave_room", [False, True])
+def test_leaving_room_sends_a_whole_gpu_pod_where_it_breaks_no_waiting_pair(leave_room):
+    # n0 has 2 GPUs, n1 one. 0: X takes n1 (binpack: the fuller node), leaves at 2.5. 1: Y takes n0's GPU 0.
+    # 2: the pair waits (n0 has one free GPU). 3: Z, a whole GPU: binpack alone takes n0's GPU 1 (the
+    # first of two equal nodes), and the pair waits until Z leaves at 503; leaving room, Z takes n1 (a
+    # 1-GPU node is no room for a pair) and the pair runs when Y leaves at 101.
+    arrivals = [Arrival(0, 4, 2.5), Arrival(1, 4, 100), Arrival(2, 1, 100), Arrival(3, 4, 500)]
+    r = timeline(cluster(2, 1), BinpackPolicy(), arrivals, RemedyOptions(leave_room=leave_room), end=1000)
+    assert r.where == {} and r.started[:3] == [0.0, 1.0, 101.0 if leave_room else 503.0]
 
 
 def test_remedies_off_change_nothing_and_leave_room_on_a_quiet_cluster_changes_nothing():
