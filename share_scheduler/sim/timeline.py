@@ -272,11 +272,13 @@ class Timeline:
         n = len(arrivals)
         self.started: list[float | None] = [None] * n  # when each arrival was placed
         self.where: dict[int, tuple[int, tuple[int, ...]]] = {}  # running seq -> (node, view positions)
-        self.departures: list[tuple[float, int]] = []  # heap of (time, seq)
+        self.departures: list[tuple[float, int]] = []  # heap of (time, seq); stale entries skipped
+        self.ends: dict[int, float] = {}  # running seq -> when it leaves (its live departure entry)
         self.queues: dict[int, list[tuple[int, int]]] = {}  # demand id -> heap of (-priority, seq)
         self.waiting_count = [0] * len(CLASSES)
         self.used = 0  # GPU units allocated
         self.now = 0.0
+        self.arrived = 0  # arrivals processed so far (those up to the end)
         # Integrals over [warmup, end].
         self._alloc_area = 0.0
         self._free_waiting_area = 0.0
@@ -318,13 +320,17 @@ class Timeline:
         a = self.arrivals[seq]
         self.cluster.place(node, self.cluster.pod_demand[a.pod], positions)
         self.where[seq] = (node, positions)
-        self.started[seq] = self.now
+        if self.started[seq] is None:  # its first placement ends its wait (a move does not start one)
+            self.started[seq] = self.now
         self.used += self.pod_gpu[a.pod]
+        self.ends[seq] = self.now + a.duration
         heapq.heappush(self.departures, (self.now + a.duration, seq))
 
     def release(self, seq: int) -> int:
-        """Stop arrival `seq` (it left): its room is free again. Returns its node."""
+        """Stop arrival `seq` (it left, or a hook moves it): its room is free again. Returns its node; the
+        caller retries the waiting pods there (`retry_on`). Placed again, it runs its whole duration anew."""
         node, positions = self.where.pop(seq)
+        del self.ends[seq]
         pod = self.arrivals[seq].pod
         self.cluster.release(node, self.cluster.pod_demand[pod], positions)
         self.used -= self.pod_gpu[pod]
@@ -420,10 +426,11 @@ class Timeline:
             else:
                 ev = cluster.evaluate(view, cluster.demands[dix])
             if ev is not None:
-                self._remove_waiting(seq)
+                self.unqueue(seq)
                 self.place(seq, node, ev[1])
 
-    def _remove_waiting(self, seq: int) -> None:
+    def unqueue(self, seq: int) -> None:
+        """Take waiting arrival `seq` out of the queue (to place it, as a retry or a hook does)."""
         pod = self.arrivals[seq].pod
         dix = self.cluster.pod_demand[pod]
         heap = self.queues[dix]
@@ -438,7 +445,7 @@ class Timeline:
         for seq in [s for s, _, _ in list(self.waiting())]:
             chosen = self._choose(seq)
             if chosen is not None:
-                self._remove_waiting(seq)
+                self.unqueue(seq)
                 node, ev = chosen
                 self.place(seq, node, ev[1])
 
@@ -455,6 +462,8 @@ class Timeline:
                     break
                 self._advance(td)
                 _, seq = heapq.heappop(departures)
+                if self.ends.get(seq) != td:  # released by a hook since: this departure is void
+                    continue
                 self.retry_on(self.release(seq))
             else:
                 if ta > end:
@@ -465,7 +474,7 @@ class Timeline:
             if self.hooks is not None:
                 self.hooks.after_event(self, self.now)
         self._advance(end)
-        self._arrived = i
+        self.arrived = i
 
     def result(self, seconds: float = 0.0) -> TimelineResult:
         """The figures, the warm-up cut: per-pod figures for pods arriving in [warmup, end]; waits of pods
@@ -473,7 +482,7 @@ class Timeline:
         span = self.end_s - self.warmup_s
         waits: list[list[float]] = [[] for _ in CLASSES]
         arrived = placed = 0
-        for seq in range(getattr(self, "_arrived", 0)):
+        for seq in range(self.arrived):
             a = self.arrivals[seq]
             started = self.started[seq]
             if started is not None and started >= self.warmup_s:

@@ -123,10 +123,9 @@ def _avg(values: list) -> float | None:
     return round(sum(got) / len(got), 3) if got else None
 
 
-def mean_figures(results: list[TimelineResult]) -> dict:
-    """The seeds' mean, in the per-seed shape (a figure no seed has, such as the waits of a class no pod of
-    which arrived, stays None)."""
-    per_seed = [r.figures() for r in results]
+def mean_figures(per_seed: list[dict]) -> dict:
+    """The mean of the seeds' figures (`TimelineResult.figures()`), in their shape less the seed; a figure
+    no seed has (the waits of a class none of whose pods arrived) stays None."""
     mean: dict = {
         key: _avg([f[key] for f in per_seed])
         for key in (
@@ -150,7 +149,7 @@ def summarise(name: str, rho: float | None, replay: float | None, results: list[
     if replay is not None:
         out["replay"] = replay
     out["seeds"] = [r.figures() for r in results]
-    out["mean"] = mean_figures(results)
+    out["mean"] = mean_figures(out["seeds"])
     out["seconds_per_seed"] = round(sum(r.seconds for r in results) / len(results), 2)
     return out
 

@@ -8,6 +8,7 @@ import pytest
 
 from share_placement import BestFitPolicy
 from share_placement import BinpackPolicy
+from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.engine import build_policy
 from share_scheduler.sim.timeline import DAY
 from share_scheduler.sim.timeline import Arrival
@@ -257,3 +258,49 @@ def test_bad_runs_are_refused_with_the_reason():
         poisson_arrivals(no_duration, 0.9, 1)
     with pytest.raises(ValueError, match="creation time"):
         trace_arrivals(Workload(w.nodes, (SimPod("x", 500, 1, duration=5.0),)), 2)
+
+
+@pytest.mark.parametrize("name", ["binpack", "frag", "fgd", "bestfit"])
+def test_the_indexed_choice_is_the_scans_choice_as_the_cluster_churns(name):
+    w = churn(11)
+    cluster = ClusterState(w, build_policy(name, 0, w))
+    rng = random.Random(5)
+    running: list[tuple[int, int, tuple[int, ...]]] = []
+    ndemands = len(cluster.demands)
+    for step in range(600):
+        if running and (rng.random() < 0.45 or step % 50 == 49):
+            node, dix, positions = running.pop(rng.randrange(len(running)))
+            cluster.release(node, dix, positions)
+            continue
+        dix = rng.randrange(ndemands)
+        scan = cluster.best(dix)
+        indexed = cluster.best_indexed(dix)
+        assert (scan is None) == (indexed is None), (step, dix)
+        if scan is None:
+            continue
+        if cluster.tie_rng is None:  # first node on ties: the very same node and GPUs
+            assert indexed == scan, (step, dix)
+        else:  # random ties: a node of the same best score
+            assert indexed[1][0] == scan[1][0], (step, dix)
+        node, ev = indexed
+        cluster.place(node, dix, ev[1])
+        running.append((node, dix, ev[1]))
+
+
+def test_a_hook_may_move_a_running_pod_and_its_old_departure_is_void():
+    class MoveAtFifty(TimelineHooks):
+        """At t=50, move arrival 0 from node 0 to node 1: it runs its whole duration anew there."""
+
+        def after_event(self, timeline, now):
+            if now >= 50 and 0 in timeline.where and timeline.where[0][0] == 0:
+                node = timeline.release(0)
+                timeline.place(0, 1, (0,))
+                timeline.retry_on(node)
+
+    # whole (100 s) on node 0 at t=0; the CPU-only pod arriving at 50 is the event after which the hook
+    # moves it to node 1, where it runs to 50 + 100 = 150 (not 100); a second whole at 60 gets node 0.
+    arrivals = [Arrival(0, 2, 100), Arrival(50, 4, 100), Arrival(60, 2, 100)]
+    tl = run(one_gpu(2), arrivals, end=130, hooks=MoveAtFifty())
+    assert tl.where[0] == (1, (0,)) and tl.where[2] == (0, (0,))
+    assert tl.ends[0] == 150.0 and tl.ends[2] == 160.0
+    assert tl.started == [0.0, 50.0, 60.0]  # the move is no wait
