@@ -13,9 +13,9 @@ timeline (timeline.py):
 - **Consolidation** (`consolidate`): every tick, the first waiting pod in queue order past the threshold
   whose last try is `retry_s` old gets `plan_consolidation` (at most `max_moves` pods moved), within an
   eviction rate (`evictions_per_minute`, a token bucket). In the sim the plan happens at once (the
-  extender holds the GPUs until the pods are bound): moved pods are placed where the plan says and keep
-  their departure time (the work they had done is not lost: a checkpointing job; a restart from scratch
-  would add load), the waiting pod is placed on its GPUs.
+  extender holds the GPUs until the pods are bound): the waiting pod is placed on its GPUs, the moved
+  pods where the plan says, each running its whole duration anew (an evicted pod restarts: its work so
+  far is lost, as the timeline's `release` models it).
 - **Movability**: which pods a controller would recreate is not in the trace; each arrival is drawn
   movable with probability `movable_fraction` (seeded per run, the same draw whatever the policy).
 
@@ -287,26 +287,20 @@ class RemedyHooks(TimelineHooks):
 
     def _apply(self, timeline: Timeline, plan: ConsolidationPlan, now: float) -> None:
         """Carry the plan out at once: the moved pods leave their GPUs, the waiting pod takes its GPUs,
-        the moved pods take their new ones (keeping their departure time)."""
-        cluster = timeline.cluster
-        moved = []
-        for m in plan.moves:
-            seq = _seq(m.pod.uid)
-            node, positions = timeline.where[seq]
-            cluster.release(node, cluster.pod_demand[timeline.arrivals[seq].pod], positions)
-            moved.append(seq)
+        the moved pods take their new ones and run their whole duration anew (an evicted pod restarts)."""
+        moved = [_seq(m.pod.uid) for m in plan.moves]
+        for seq in moved:
+            timeline.release(seq)
         waiter = _seq(plan.waiter.uid)
-        timeline._remove_waiting(waiter)
+        timeline.unqueue(waiter)
         timeline.place(waiter, self.index[plan.node], plan.gpus)
         for m, seq in zip(plan.moves, moved, strict=True):
-            node = self.index[m.node]
-            cluster.place(node, cluster.pod_demand[timeline.arrivals[seq].pod], m.gpus)
-            timeline.where[seq] = (node, m.gpus)
+            timeline.place(seq, self.index[m.node], m.gpus)
         self._tokens -= len(plan.moves)
         self.plans += 1
         if now >= timeline.warmup_s:
             self.evictions += len(plan.moves)
-        # Room the moves left on other GPUs of the plan's node (and nothing else changed for the better).
+        # Room the moves left on other GPUs of the plan's node (nothing else gained room).
         timeline.retry_on(self.index[plan.node])
 
 

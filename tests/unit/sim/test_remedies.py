@@ -88,9 +88,12 @@ def test_consolidation_moves_a_movable_share_to_place_the_waiting_pair():
     tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
     assert tl.started == [0.0, 20.0, 20.0]
     assert tl.hooks.evictions == 1
-    assert tl.where == {}  # everyone left: the moved share's departure was kept (at 500), once
+    assert tl.where == {} and tl.ends == {}  # everyone left; the share restarted at 20, ran 500 s to 520
     r = tl.result()
     assert r.figures()["evictions_per_1000_placed"] == pytest.approx(1000 / 3)
+    # At 510 the moved share still runs, on n1: it restarted at 20 (its first start stays 0).
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=510)
+    assert tl.where[0] == (1, (0,)) and tl.ends[0] == 520.0
 
 
 def test_consolidation_never_moves_a_pod_no_controller_recreates():
