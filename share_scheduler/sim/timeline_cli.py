@@ -220,6 +220,10 @@ def format_table(rows: list[dict], workload: Workload, days: float, warmup_days:
             f"{cells}{row['seconds_per_seed']:>8.1f}"
         )
     lines.append("free%: free GPU capacity, time-averaged over the time some GPU pod waited")
+    for row in rows:  # issue 40's consolidation (--consolidate on)
+        evictions = row["mean"].get("evictions_per_1000_placed")
+        if evictions:
+            lines.append(f"{row['policy']} rho {row['rho']}: {evictions:g} evictions by consolidation per 1,000 placed")
     return "\n".join(lines)
 
 
