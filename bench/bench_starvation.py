@@ -31,7 +31,7 @@ from share_scheduler.sim.timeline import poisson_arrivals
 from share_scheduler.sim.timeline import simulate_timeline
 from share_scheduler.sim.workload import load_openb
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
+DATA = Path(os.environ.get("OPENB_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"))
 REMEDIES = {
     "off": RemedyOptions(),
     "on": RemedyOptions(leave_room=True, reserve=True, consolidate=True),
@@ -78,6 +78,22 @@ def load(out: Path) -> dict[tuple, dict]:
                 f = json.loads(line)
                 runs[_key(f)] = f
     return runs
+
+
+def import_summaries(path: Path, days: float, warmup: float) -> list[dict]:
+    """Per-seed figures from `share-sim timeline --json` output (runs without remedies), as POLICY:off
+    records: the same code path as this bench's off runs, so the same figures for the same seed."""
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        for f in row["seeds"]:
+            f = dict(f)
+            f.setdefault("evictions_per_1000_placed", 0.0)
+            f.update(config=f"{row['policy']}:off", rho=row["rho"], days=days, warmup_days=warmup, cpu_s=None)
+            out.append(f)
+    return out
 
 
 def _mean(values: list) -> float | None:
@@ -163,6 +179,15 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="/tmp/bench_starvation")
     ap.add_argument("--table-only", action="store_true", help="print the table from what DIR holds, run nothing")
+    ap.add_argument("--no-baseline", action="store_true", help="do not run bestfit:off (DIR or --import has it)")
+    ap.add_argument(
+        "--import",
+        dest="imports",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="share-sim timeline --json lines (no remedies, same days/warm-up/cap 1) to count as POLICY:off runs",
+    )
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
@@ -173,12 +198,17 @@ def main() -> None:
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for path in args.imports:
+        imported = import_summaries(Path(path), args.days, args.warmup_days)
+        with (out / f"imported-{Path(path).stem}.jsonl").open("w") as fh:
+            fh.writelines(json.dumps(f) + "\n" for f in imported)
     runs = load(out)
+    baseline = [] if args.no_baseline or BASELINE in configs else [BASELINE]
     todo = [
         (c, r, s)
         for r in rhos
         for s in seeds
-        for c in ([BASELINE] if BASELINE not in configs else []) + configs
+        for c in baseline + configs
         if (c, r, s, args.days, args.warmup_days) not in runs
     ]
     if not args.table_only and todo:
