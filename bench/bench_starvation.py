@@ -204,10 +204,10 @@ def main() -> None:
             fh.writelines(json.dumps(f) + "\n" for f in imported)
     runs = load(out)
     baseline = [] if args.no_baseline or BASELINE in configs else [BASELINE]
-    todo = [
+    todo = [  # seed by seed, so a comparison cut short still has every config at every load
         (c, r, s)
-        for r in rhos
         for s in seeds
+        for r in rhos
         for c in baseline + configs
         if (c, r, s, args.days, args.warmup_days) not in runs
     ]
