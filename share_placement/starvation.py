@@ -551,5 +551,14 @@ class RoomForWaiting(ViewPolicy):
             return ev
         return ev[0] - self.PENALTY * cost / self.STEPS, ev[1]
 
+    def scores(self, views: Sequence[NodeView], demand: Demand) -> list[float]:
+        """The wrapped policy's batch pricing while nothing waits (frag's is much faster than one by
+        one); evaluate's scores view by view while shapes wait."""
+        if not self.shapes or demand.count == 0:
+            base_scores = getattr(self.base, "scores", None)
+            if base_scores is not None:
+                return base_scores(views, demand)
+        return super().scores(views, demand)
+
     def observe(self, demand: Demand) -> None:
         self.base.observe(demand)

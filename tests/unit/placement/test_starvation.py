@@ -261,3 +261,13 @@ def test_room_for_waiting_steers_a_pod_off_the_gpus_a_waiting_pod_needs():
     # The waiting shape gone: binpack's order again.
     assert room.set_waiting([]) is True
     assert room.score(nearly_full, whole) > room.score(scattered, whole)
+
+
+def test_room_for_waiting_prices_in_batch_as_it_evaluates():
+    whole = Demand(FULL, 1)
+    views = [view_of([FULL] * 7 + [0]), view_of([FULL] + [900] * 7), view_of([0, 0])]
+    room = RoomForWaiting(BinpackPolicy())
+    for shapes in ([], [EIGHT]):
+        room.set_waiting(shapes)
+        expected = [float("-inf") if (ev := room.evaluate(v, whole)) is None else ev[0] for v in views]
+        assert room.scores(views, whole) == expected
