@@ -384,10 +384,10 @@ def _candidate(node: NodeState, residents: Sequence[Resident], demand: Demand, m
             options.append((0, 0, g.index, ()))
             continue
         there = on_gpu.get(g.index, [])
-        # Free enough by moving its movable pods, smallest first, until the GPU has the room.
+        # Free enough by moving its movable pods, largest first (the fewest pods), until the GPU has the room.
         free = g.free
         movers: list[Resident] = []
-        for r in sorted(there, key=lambda r: (r.demand.per_gpu, r.uid)):
+        for r in sorted(there, key=lambda r: (-r.demand.per_gpu, r.uid)):
             if free >= demand.per_gpu:
                 break
             if not r.movable:
@@ -435,8 +435,8 @@ def plan_consolidation(
     (they may land on the same node, other GPUs) and each placed pod's new room taken. `placer` replaces
     the scan of `policy` over `nodes` (share-sim's memoised one); `held`: node -> GPU -> units held by
     holds the waiter and the moved pods must respect (taken in the plan too)."""
-    if max_moves < 1:
-        return None
+    if max_moves < 1 or waiter.demand.count < 1:
+        return None  # nothing may move, or a CPU-only pod (no GPU to make room on)
     if placer is None:
         if policy is None:
             raise ValueError("plan_consolidation needs a policy or a placer")
