@@ -271,3 +271,12 @@ def test_room_for_waiting_prices_in_batch_as_it_evaluates():
         room.set_waiting(shapes)
         expected = [float("-inf") if (ev := room.evaluate(v, whole)) is None else ev[0] for v in views]
         assert room.scores(views, whole) == expected
+
+
+def test_consolidation_frees_a_gpu_with_its_largest_movable_pod_first():
+    # GPU 1 holds 300 + 700 units; a pod asking 600 on each of two GPUs needs only the 700 moved.
+    busy = node("busy", [FULL, 0])
+    spare = node("spare", [FULL])
+    residents = {"busy": [resident("small", "busy", 1, 300), resident("large", "busy", 1, 700)]}
+    plan = plan_consolidation(waiter("w", Demand(600, 2)), [busy, spare], residents, BinpackPolicy(), max_moves=1)
+    assert plan is not None and [(m.pod.uid, m.node) for m in plan.moves] == [("large", "spare")]
