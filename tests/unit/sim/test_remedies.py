@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from share_placement import BinpackPolicy
 from share_placement import SpreadPolicy
 from share_placement.starvation import ReservationLimits
+from share_scheduler.sim import cli
+from share_scheduler.sim import engine
 from share_scheduler.sim.remedies import RemedyHooks
 from share_scheduler.sim.remedies import RemedyOptions
 from share_scheduler.sim.remedies import RemedyTimeline
@@ -131,3 +136,19 @@ def test_cli_switches_and_bad_knobs():
         parse_args(["--yaml", "x.yaml", "--reserve", "maybe"])
     with pytest.raises(SystemExit):
         parse_args(["--yaml", "x.yaml", "--movable-fraction", "2"])
+
+
+def test_cli_json_carries_evictions_per_1000_placed_in_mean_and_every_seed(capsys):
+    example = Path(engine.__file__).parent / "examples" / "inference-cluster.yaml"
+    argv = ["timeline", "--yaml", str(example), "--days", "1", "--warmup-days", "0.25", "--rho", "1.2"]
+    assert cli.main([*argv, "--seeds", "2", "--json"]) == 0
+    off = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert off["mean"]["evictions_per_1000_placed"] == 0.0
+    on = ["--leave-room", "on", "--reserve", "on", "--consolidate", "on", "--movable-fraction", "1"]
+    assert cli.main([*argv, "--seeds", "2", "--json", *on]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for entry in [doc["mean"], *doc["seeds"]]:
+        assert entry["evictions_per_1000_placed"] >= 0
+    assert doc["mean"]["evictions_per_1000_placed"] == pytest.approx(
+        sum(s["evictions_per_1000_placed"] for s in doc["seeds"]) / 2, abs=0.002
+    )
