@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 
 from share_core.holds import Hold
 from share_core.holds import HoldKind
@@ -233,6 +234,7 @@ class Resident:
     demand: Demand
     movable: bool
     owner_uid: str = ""
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +366,8 @@ class _Candidate:
 
 def _candidate(node: NodeState, residents: Sequence[Resident], demand: Demand, max_moves: int) -> _Candidate | None:
     """The cheapest set of movable residents whose leaving makes room for `demand` on `node` (fewest
-    pods, then fewest units), or None: too many, or one that must stay is in the way."""
+    pods, then fewest units), or None: too many, or one that must stay is in the way. `residents` are
+    already those that may move for this pod or not (`movable` says), see `plan_consolidation`."""
     if node.cpu_free is not None or node.memory_free is not None:
         cpu_back = sum(r.demand.cpu for r in residents if r.movable)
         mem_back = sum(r.demand.memory for r in residents if r.movable)
@@ -426,8 +429,11 @@ def plan_consolidation(
     max_tries: int = 8,
     placer: Placer | None = None,
     held: Mapping[str, Mapping[int, int]] | None = None,
-) -> ConsolidationPlan | None:
-    """A plan that makes room for `waiter` by moving at most `max_moves` movable pods, or None.
+) -> tuple[ConsolidationPlan | None, str]:
+    """A plan that makes room for `waiter` by moving at most `max_moves` movable pods, or None and why not
+    (for a person: an Event, a log line).
+
+    A pod may move when it is `movable` and does not outrank the waiter (priority at most the waiter's).
 
     Candidate nodes in order of fewest pods moved, then fewest units (at most `max_tries` of them are
     tried); a candidate is taken only when the policy's own choice places every moved pod again, largest
@@ -435,8 +441,10 @@ def plan_consolidation(
     (they may land on the same node, other GPUs) and each placed pod's new room taken. `placer` replaces
     the scan of `policy` over `nodes` (share-sim's memoised one); `held`: node -> GPU -> units held by
     holds the waiter and the moved pods must respect (taken in the plan too)."""
-    if max_moves < 1 or waiter.demand.count < 1:
-        return None  # nothing may move, or a CPU-only pod (no GPU to make room on)
+    if max_moves < 1:
+        return None, "consolidation may move no pod (max_moves < 1)"
+    if waiter.demand.count < 1:
+        return None, "a CPU-only pod: no GPU to make room on"
     if placer is None:
         if policy is None:
             raise ValueError("plan_consolidation needs a policy or a placer")
@@ -447,13 +455,21 @@ def plan_consolidation(
     candidates: list[_Candidate] = []
     for node in nodes:
         sf = shortfall(node, demand, held.get(node.name))
+        if sf is not None and sf.short == 0 and _host_room(node, demand):
+            return None, f"it fits node {node.name} already: nothing needs to move"
         # More GPUs short than pods that may move: no plan there (one pod on two GPUs could free both,
         # but moving a multi-GPU pod to make room is never the cheap plan this looks for).
         if sf is None or sf.short == 0 or sf.short > max_moves:
             continue
-        c = _candidate(apply_overlay(node, base), residents.get(node.name, ()), demand, max_moves)
+        here = [
+            r if not r.movable or r.priority <= waiter.priority else replace(r, movable=False)
+            for r in residents.get(node.name, ())
+        ]
+        c = _candidate(apply_overlay(node, base), here, demand, max_moves)
         if c is not None:
             candidates.append(c)
+    if not candidates:
+        return None, f"no node can make room by moving at most {max_moves} pod(s) that may move"
     candidates.sort(key=lambda c: c.key)
     for c in candidates[:max_tries]:
         overlay = Overlay(gpu={n: dict(g) for n, g in base.gpu.items()}, cpu=dict(base.cpu), memory=dict(base.memory))
@@ -471,8 +487,15 @@ def plan_consolidation(
             overlay.take(node_name, gpus, r.demand)
             moves.append(Move(r, node_name, tuple(sorted(gpus))))
         else:
-            return ConsolidationPlan(waiter, c.node, c.gpus, tuple(moves))
-    return None
+            return ConsolidationPlan(waiter, c.node, c.gpus, tuple(moves)), ""
+    tried = min(len(candidates), max_tries)
+    return None, f"the policy would not place every moved pod again (tried {tried} node(s))"
+
+
+def _host_room(node: NodeState, demand: Demand) -> bool:
+    return (node.cpu_free is None or node.cpu_free >= demand.cpu) and (
+        node.memory_free is None or node.memory_free >= demand.memory
+    )
 
 
 # -- room for what waits: the policy side ---------------------------------------------------------------

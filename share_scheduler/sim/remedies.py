@@ -236,7 +236,7 @@ class RemedyHooks(TimelineHooks):
         held: dict[str, dict[int, int]] = {}
         if self.holds:
             held = held_units(self.holds, waiter.priority, waiter.uid, now=now)
-        plan = plan_consolidation(
+        plan, _ = plan_consolidation(
             waiter,
             nodes,
             residents,
@@ -326,7 +326,17 @@ class _Residents(Mapping[str, Sequence[Resident]]):
             d = demands[pod_demand[pod]]
             if d.count:
                 positions = tl.where[seq][1]
-                made.append(Resident(_uid(seq), pods[pod].name, name, tuple(positions), d, hooks.movable[seq]))
+                made.append(
+                    Resident(
+                        _uid(seq),
+                        pods[pod].name,
+                        name,
+                        tuple(positions),
+                        d,
+                        hooks.movable[seq],
+                        priority=tl.pod_priority[pod],
+                    )
+                )
         self._made[name] = made
         return made
 

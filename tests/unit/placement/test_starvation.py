@@ -137,8 +137,15 @@ def test_limits_refuse_nonsense():
 # -- consolidation ----------------------------------------------------------------------------------------------
 
 
-def resident(uid: str, where: str, gpu: int, units: int, movable: bool = True) -> Resident:
-    return Resident(uid, f"default/{uid}", where, (gpu,), Demand(units, 1), movable)
+def resident(uid: str, where: str, gpu: int, units: int, movable: bool = True, priority: int = 0) -> Resident:
+    return Resident(uid, f"default/{uid}", where, (gpu,), Demand(units, 1), movable, priority=priority)
+
+
+def consolidate(*args, **kwargs):
+    """plan_consolidation's plan; its reason is checked where it matters."""
+    plan, why = plan_consolidation(*args, **kwargs)
+    assert (plan is None) == bool(why)
+    return plan
 
 
 def test_consolidation_moves_the_fewest_movable_pods_and_only_when_all_are_placed_again():
@@ -150,7 +157,7 @@ def test_consolidation_moves_the_fewest_movable_pods_and_only_when_all_are_place
         "tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)],
         "spare": [resident("big", "spare", 0, 500, movable=False), resident("x", "spare", 1, FULL, movable=False)],
     }
-    plan = plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2)
+    plan = consolidate(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2)
     assert plan is not None
     assert plan.node == "tight" and plan.gpus == (0, 1, 2, 3)
     assert sorted((m.pod.uid, m.node, m.gpus) for m in plan.moves) == [("s1", "spare", (0,)), ("s2", "spare", (0,))]
@@ -169,15 +176,27 @@ def test_consolidation_moves_at_most_k_pods():
     tight = node("tight", [FULL, FULL, 700, 800])
     spare = node("spare", [FULL, FULL])
     residents = {"tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)]}
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=1) is None
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2) is not None
+    assert consolidate(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=1) is None
+    assert consolidate(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2) is not None
 
 
-def test_a_bare_pod_never_moves():
+def test_a_bare_pod_never_moves_nor_one_that_outranks_the_waiting_pod():
     tight = node("tight", [FULL, FULL, 700, 800])
     spare = node("spare", [FULL, FULL])
     residents = {"tight": [resident("s1", "tight", 2, 300), resident("bare", "tight", 3, 200, movable=False)]}
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=4) is None
+    plan, why = plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=4)
+    assert plan is None and why == "no node can make room by moving at most 4 pod(s) that may move"
+    outranks = {"tight": [resident("s1", "tight", 2, 300), resident("urgent", "tight", 3, 200, priority=1)]}
+    assert consolidate(waiter("w", FOUR), [tight, spare], outranks, BinpackPolicy(), max_moves=4) is None
+    assert consolidate(waiter("w", FOUR, priority=1), [tight, spare], outranks, BinpackPolicy(), max_moves=4)
+
+
+def test_no_plan_when_the_pod_fits_already_or_asks_no_gpu():
+    roomy = node("roomy", [FULL] * 4)
+    plan, why = plan_consolidation(waiter("w", FOUR), [roomy], {}, BinpackPolicy())
+    assert plan is None and why == "it fits node roomy already: nothing needs to move"
+    plan, why = plan_consolidation(waiter("w", Demand(0, 0, cpu=1)), [roomy], {}, BinpackPolicy())
+    assert plan is None and "CPU-only" in why
 
 
 def test_no_plan_when_a_moved_pod_would_not_be_placed_again():
@@ -185,7 +204,8 @@ def test_no_plan_when_a_moved_pod_would_not_be_placed_again():
     tight = node("tight", [FULL, FULL, 700, 800])
     spare = node("spare", [250])
     residents = {"tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)]}
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2) is None
+    plan, why = plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2)
+    assert plan is None and why == "the policy would not place every moved pod again (tried 1 node(s))"
 
 
 def test_consolidation_prefers_the_node_needing_fewer_moves():
@@ -196,7 +216,7 @@ def test_consolidation_prefers_the_node_needing_fewer_moves():
         "one": [resident("a", "one", 3, 400)],
         "two": [resident("b", "two", 2, 300), resident("c", "two", 3, 200)],
     }
-    plan = plan_consolidation(waiter("w", FOUR), [two_moves, one_move, spare], residents, BinpackPolicy())
+    plan = consolidate(waiter("w", FOUR), [two_moves, one_move, spare], residents, BinpackPolicy())
     assert plan is not None and plan.node == "one" and [m.pod.uid for m in plan.moves] == ["a"]
 
 
@@ -205,9 +225,9 @@ def test_holds_the_waiter_must_respect_count_in_the_plan():
     tight = node("tight", [FULL, FULL, FULL, 600])
     spare = node("spare", [FULL])
     residents = {"tight": [resident("s1", "tight", 3, 400)]}
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy()) is not None
+    assert consolidate(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy()) is not None
     held = {"spare": {0: FULL}}
-    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), held=held) is None
+    assert consolidate(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), held=held) is None
 
 
 # -- room for what waits ------------------------------------------------------------------------------------------
@@ -278,5 +298,5 @@ def test_consolidation_frees_a_gpu_with_its_largest_movable_pod_first():
     busy = node("busy", [FULL, 0])
     spare = node("spare", [FULL])
     residents = {"busy": [resident("small", "busy", 1, 300), resident("large", "busy", 1, 700)]}
-    plan = plan_consolidation(waiter("w", Demand(600, 2)), [busy, spare], residents, BinpackPolicy(), max_moves=1)
+    plan = consolidate(waiter("w", Demand(600, 2)), [busy, spare], residents, BinpackPolicy(), max_moves=1)
     assert plan is not None and [(m.pod.uid, m.node) for m in plan.moves] == [("large", "spare")]
