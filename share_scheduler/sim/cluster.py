@@ -81,6 +81,16 @@ class ClusterState:
             self.born.append(sid)
         return sid
 
+    def forget_evaluations(self) -> None:
+        """Drop every memoised evaluation and the indexed chooser's heaps: the policy's answers changed
+        (issue 40's `RoomForWaiting` when the waiting shapes change). They are rebuilt as demands ask."""
+        blank = len(self.demands)
+        for sid in self.memo:
+            self.memo[sid] = [_MISSING] * blank
+        for heap in self._heaps:
+            heap.clear()
+        self._read = [0] * blank
+
     def view(self, node: int) -> NodeView:
         return self.state_views[self.node_state[node]]
 

@@ -203,6 +203,7 @@ class TimelineResult:
     placed: int  # placements in the measured window (at arrival or after a wait)
     seconds: float
     series: Series
+    evictions: int = 0  # pods moved by consolidation (issue 40's remedies) in the measured window
 
     def figures(self) -> dict:
         """This seed's figures in the JSON schema (the `mean` shape, plus the seed)."""
@@ -215,6 +216,7 @@ class TimelineResult:
             "gpu_waiting_time_pct": round(self.gpu_waiting_time_pct, 3),
             "arrivals": self.arrivals,
             "placed": self.placed,
+            "evictions_per_1000_placed": round(1000.0 * self.evictions / self.placed, 3) if self.placed else 0.0,
             "classes": self.classes,
         }
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
+from share_scheduler.sim import remedies
 from share_scheduler.sim.engine import build_policy
 from share_scheduler.sim.timeline import CLASSES
 from share_scheduler.sim.timeline import DAY
@@ -63,7 +64,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "fits nowhere, as the extender does; off runs the same engine without it; both add per-priority waits",
     )
     p.add_argument("--plot", metavar="FILE.png", help="allocation and waiting pods over time (needs matplotlib)")
+    remedies.add_arguments(p)
     args = p.parse_args(argv)
+    try:
+        args.remedies = remedies.options_from(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.preempt is not None and args.remedies.any:
+        # Two engines over one Timeline (sim/preemption.py and sim/remedies.py); not yet one run.
+        p.error("--preempt runs apart from the starvation remedies: give --preempt or --reserve/--consolidate")
     if args.yaml and (args.nodes or args.pods):
         p.error("give either --yaml or --nodes and --pods, not both")
     if not args.yaml and not (args.nodes and args.pods):
@@ -99,8 +108,10 @@ def run_one(
     cap_days: float,
     replay: float | None = None,
     preempt: str | None = None,
+    options: remedies.RemedyOptions | None = None,
 ) -> TimelineResult:
-    """One seed of one policy at one load (or the trace replayed), the policy built as the extender builds it."""
+    """One seed of one policy at one load (or the trace replayed), the policy built as the extender builds it;
+    with issue 40's remedies where `options` turns any on."""
     if replay is not None:
         arrivals = trace_arrivals(workload, replay, cap_days, days)
     else:
@@ -112,6 +123,10 @@ def run_one(
 
         result: TimelineResult = simulate_preemption_timeline(
             workload, policy, arrivals, warmup_days * DAY, days * DAY, seed=seed, preempt=preempt == "on"
+        )
+    elif options is not None and options.any:
+        result = remedies.simulate_with_remedies(
+            workload, policy, arrivals, warmup_days * DAY, days * DAY, options, seed=seed
         )
     else:
         result = simulate_timeline(workload, policy, arrivals, warmup_days * DAY, days * DAY, seed=seed)
@@ -129,7 +144,14 @@ def mean_figures(per_seed: list[dict]) -> dict:
     no seed has (the waits of a class none of whose pods arrived) stays None."""
     mean: dict = {
         key: _avg([f[key] for f in per_seed])
-        for key in ("alloc_pct", "free_while_waiting_pct", "gpu_waiting_time_pct", "arrivals", "placed")
+        for key in (
+            "alloc_pct",
+            "free_while_waiting_pct",
+            "gpu_waiting_time_pct",
+            "arrivals",
+            "placed",
+            "evictions_per_1000_placed",
+        )
     }
     mean["classes"] = {
         c: {k: _avg([f["classes"][c][k] for f in per_seed]) for k in ("pods", *FIGURES)} for c in CLASSES
@@ -173,10 +195,13 @@ def run(
     replay: float | None = None,
     jobs: int = 1,
     preempt: str | None = None,
+    options: remedies.RemedyOptions | None = None,
 ) -> list[tuple[dict, list[TimelineResult]]]:
     """Every (policy, load) over every seed: (summary, the seeds' results) in policy-then-load order."""
     tasks = [(name, rho, seed) for name in policies for rho in rhos for seed in seeds]
-    args = [(workload, name, seed, rho, days, warmup_days, cap_days, replay, preempt) for name, rho, seed in tasks]
+    args = [
+        (workload, name, seed, rho, days, warmup_days, cap_days, replay, preempt, options) for name, rho, seed in tasks
+    ]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = [f.result() for f in [pool.submit(run_one, *a) for a in args]]
@@ -228,6 +253,10 @@ def format_table(rows: list[dict], workload: Workload, days: float, warmup_days:
             f"{cells}{row['seconds_per_seed']:>8.1f}"
         )
     lines.append("free%: free GPU capacity, time-averaged over the time some GPU pod waited")
+    for row in rows:  # issue 40's consolidation (--consolidate on)
+        evictions = row["mean"].get("evictions_per_1000_placed")
+        if evictions:
+            lines.append(f"{row['policy']} rho {row['rho']}: {evictions:g} evictions by consolidation per 1,000 placed")
     return "\n".join(lines)
 
 
@@ -298,6 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.replay,
             args.jobs,
             args.preempt,
+            args.remedies,
         )
     except ValueError as exc:
         print(f"share-sim: {exc}", file=sys.stderr)
