@@ -55,6 +55,8 @@ def serve(a: argparse.Namespace) -> None:
         filter_keeps=a.filter_keeps,
         bind_events=a.bind_events,
         dra=a.dra,
+        leader_lease=a.leader_lease or None,
+        leader_identity=a.leader_identity or None,
     )
     app = create_app(extender=extender)
     try:
@@ -120,6 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
             help="DRA mode too: read gpushare.io ResourceSlices and every ResourceClaim, and place pods whose "
             "claims ask our DeviceClass by the policy (kube-scheduler's allocator then takes the device "
             "share-dra lists first); needs resource.k8s.io/v1 (Kubernetes 1.34+)",
+        )
+        p.add_argument(
+            "--leader-lease",
+            default=d(""),
+            metavar="NAMESPACE/NAME",
+            help="kube-scheduler's leader Lease: only the extender beside its holder acts on its own (evictions, "
+            "reservations); empty (default): this replica is the only one and always acts",
+        )
+        p.add_argument(
+            "--leader-identity",
+            default=d(""),
+            help="the hostname kube-scheduler names itself by in the Lease (default: this host's, shared by the "
+            "containers of one pod)",
         )
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])

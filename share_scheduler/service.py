@@ -47,6 +47,7 @@ from share_scheduler.extender import parse_extender_request
 from share_scheduler.extender import pod_demand
 from share_scheduler.extender import policy_scores
 from share_scheduler.holds import Asker
+from share_scheduler.leader import Leadership
 from share_scheduler.metrics import Metrics
 from share_scheduler.syncer import Syncer
 
@@ -84,6 +85,8 @@ class Extender:
         filter_keeps: str = "best",
         bind_events: str = "failures",
         dra: bool = False,
+        leader_lease: str | None = None,
+        leader_identity: str | None = None,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -121,12 +124,16 @@ class Extender:
         if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
             cache.set_largest_gpu_observer(self._largest_gpu)
         self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
+        # Who acts unasked (preemption's evictions, reservations): the replica beside the leading kube-scheduler.
+        self.leadership = Leadership(kube, leader_lease, leader_identity)
         self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
 
     def start(self) -> None:
         self.syncer.start()
+        self.leadership.start()
 
     def stop(self) -> None:
+        self.leadership.stop()
         self.syncer.stop()
 
     def observe(self, demand: Demand) -> None:

@@ -160,6 +160,10 @@ policy: {{ $s.policy }}
 filterKeeps: {{ $s.filterKeeps }}
 bindEvents: {{ $s.bindEvents }}
 threads: {{ $s.threads }}
+{{- if $s.leaderElection.enabled }}
+# Only the extender beside the leading kube-scheduler acts on its own (evictions, reservations).
+leaderLease: {{ .Release.Namespace }}/{{ include "gpushare.leaseName" . }}
+{{- end }}
 memoryUnit: {{ .Values.memoryUnit }}
 {{- if include "gpushare.draPlacementOn" . }}
 dra: true
