@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from collections.abc import Sequence
 
 from share_core.config import add_config_arg
 from share_core.config import parse_args
 from share_core.config import start_logging
 from share_core.contract import EXTENDER_DEFAULT_PORT
+from share_core.contract import SCHEDULER_NAME
 from share_core.contract import MemoryUnit
 from share_placement import POLICIES
 from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.config import DEFAULT_EXTENDER_URL
 from share_scheduler.config import print_config
 from share_scheduler.extender import FILTER_KEEPS
+from share_scheduler.starvation import StarvationConfig
 
 log = logging.getLogger("share_scheduler")
 
@@ -57,6 +60,7 @@ def serve(a: argparse.Namespace) -> None:
         dra=a.dra,
         leader_lease=a.leader_lease or None,
         leader_identity=a.leader_identity or None,
+        starvation=starvation_config(a),
     )
     app = create_app(extender=extender)
     try:
@@ -68,6 +72,59 @@ def serve(a: argparse.Namespace) -> None:
         raise SystemExit(f"share-scheduler: cannot listen on {a.bind_address}:{a.port}: {exc}") from exc
     server.serve_forever()
     extender.stop()
+
+
+def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) -> None:
+    """Reservations and consolidation for pods that waited too long (share_scheduler.starvation)."""
+    p.add_argument(
+        "--reservations",
+        action=argparse.BooleanOptionalAction,
+        default=d(True),
+        help="hold GPU room for pods that waited too long (the leader only; default on)",
+    )
+    p.add_argument(
+        "--reserve-after", type=float, default=d(300.0), help="seconds a pod waits before it gets a reservation"
+    )
+    p.add_argument("--max-reservations", type=int, default=d(4), help="pods holding room at once (default 4)")
+    p.add_argument(
+        "--reservation-share",
+        type=float,
+        default=d(0.25),
+        help="the share of the cluster's GPU memory holds may take at most (default 0.25)",
+    )
+    p.add_argument("--hold-seconds", type=float, default=d(600.0), help="how long one hold lasts (default 600)")
+    p.add_argument(
+        "--starvation-period", type=float, default=d(10.0), help="seconds between two passes of the loop (default 10)"
+    )
+    p.add_argument("--scheduler-name", default=d(SCHEDULER_NAME), help="the profile whose waiting pods are weighed")
+    p.add_argument(
+        "--consolidation",
+        action=argparse.BooleanOptionalAction,
+        default=d(False),
+        help="evict pods that may move (a controller recreates them) so that a waiting pod whose room is split "
+        "over GPUs fits, through the Eviction API (PodDisruptionBudgets honoured); default off",
+    )
+    p.add_argument(
+        "--consolidation-max-moves", type=int, default=d(2), help="pods one consolidation may evict (default 2)"
+    )
+    p.add_argument(
+        "--evictions-per-minute", type=int, default=d(6), help="consolidation's evictions a minute at most (default 6)"
+    )
+
+
+def starvation_config(a: argparse.Namespace) -> StarvationConfig:
+    return StarvationConfig(
+        reserve=a.reservations,
+        wait_threshold=a.reserve_after,
+        max_reservations=a.max_reservations,
+        max_share=a.reservation_share,
+        hold_seconds=a.hold_seconds,
+        period=a.starvation_period,
+        scheduler=a.scheduler_name,
+        consolidate=a.consolidation,
+        max_moves=a.consolidation_max_moves,
+        evictions_per_minute=a.evictions_per_minute,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="the hostname kube-scheduler names itself by in the Lease (default: this host's, shared by the "
             "containers of one pod)",
         )
+        starvation_flags(p, d)
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(
@@ -186,6 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.threads < 1 or not 0 < args.port < 65536:
         print("share-scheduler: --threads must be >= 1 and --port in 1..65535", file=sys.stderr)
+        return 2
+    try:
+        starvation_config(args).check()
+    except ValueError as exc:
+        print(f"share-scheduler: {exc}", file=sys.stderr)
         return 2
     start_logging(args.log_level)
     serve(args)

@@ -49,6 +49,8 @@ from share_scheduler.extender import policy_scores
 from share_scheduler.holds import Asker
 from share_scheduler.leader import Leadership
 from share_scheduler.metrics import Metrics
+from share_scheduler.starvation import Starvation
+from share_scheduler.starvation import StarvationConfig
 from share_scheduler.syncer import Syncer
 
 # A verb as the servers call it: raw request body in, (status, JSON bytes) out, its latency recorded.
@@ -87,6 +89,7 @@ class Extender:
         dra: bool = False,
         leader_lease: str | None = None,
         leader_identity: str | None = None,
+        starvation: StarvationConfig | None = None,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -127,13 +130,26 @@ class Extender:
         # Who acts unasked (preemption's evictions, reservations): the replica beside the leading kube-scheduler.
         self.leadership = Leadership(kube, leader_lease, leader_identity)
         self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
+        # Room for pods that waited too long (reservations, consolidation): off unless configured.
+        self.starvation = Starvation(
+            kube,
+            cache,
+            policy,
+            self.binder.policy_lock,
+            self.leadership.is_leader,
+            self.events,
+            starvation or StarvationConfig(reserve=False),
+            metrics=self.metrics.starvation_hooks(),
+        )
 
     def start(self) -> None:
         self.syncer.start()
         self.leadership.start()
+        self.starvation.start()
 
     def stop(self) -> None:
         self.leadership.stop()
+        self.starvation.stop()
         self.syncer.stop()
 
     def observe(self, demand: Demand) -> None:
