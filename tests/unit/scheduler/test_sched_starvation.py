@@ -74,7 +74,7 @@ def events(kube, reason):
 
 
 def flushed(ext):
-    ext.parts["events"].flush()
+    assert ext.parts["events"].flush(timeout=60), "Events not posted within a minute"
     return ext
 
 
@@ -168,7 +168,7 @@ TIER_GPU = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "tier", "operato
             {},
             {"tier": "cpu"},
             "affinity",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_node_refuses_as_kube_scheduler_static_filters(pod_spec, node_spec, labels, refused):
