@@ -130,6 +130,8 @@ def test_all_options_sets_every_key_of_values_yaml() -> None:
         ({"devicePlugin.monitor.overLimit": "evict"}, "overLimit"),
         ({"devicePlugin.monitor.interval": 0}, "interval"),
         ({"devicePlugin.mpsRoot": "run/mps"}, "mpsRoot"),
+        ({"reservations.maxShare": 1.5}, "maxShare"),
+        ({"consolidation.enabled": "yes"}, "enabled"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
@@ -224,10 +226,27 @@ def test_extender_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None
         ("", "pods", "get", ()),
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
+        ("", "pods", "patch", ()),  # the gpushare.io/holds annotation of a reservation
         ("", "pods/binding", "create", ()),  # the assignment annotations travel on the Binding
         ("", "events", "create", ()),
         ("events.k8s.io", "events", "create", ()),
     }
+
+
+def test_only_consolidation_may_evict(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    """Evictions through the Eviction API only when consolidation is on (all-options turns it on)."""
+    assert ("", "pods/eviction", "create", ()) not in _flatten(h.cluster_role_rules(default_docs, "scheduler"))
+    assert ("", "pods/eviction", "create", ()) in _flatten(h.cluster_role_rules(all_docs, "scheduler"))
+
+
+def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    default = extender_args(default_docs)
+    assert (default.reservations, default.reserve_after, default.max_reservations) == (True, 300, 4)
+    assert (default.reservation_share, default.hold_seconds, default.consolidation) == (0.25, 600, False)
+    every = extender_args(all_docs)
+    assert (every.reservations, every.reserve_after, every.max_reservations) == (False, 120, 2)
+    assert (every.reservation_share, every.hold_seconds) == (0.1, 300)
+    assert (every.consolidation, every.consolidation_max_moves, every.evictions_per_minute) == (True, 1, 3)
 
 
 @both
