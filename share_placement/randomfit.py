@@ -17,6 +17,9 @@ class RandomPolicy(ViewPolicy):
 
     name = "random"
     cacheable = False
+    # Every fitting node gets an independent uniform score, so the best node is a uniform pick among the
+    # nodes that fit: a caller placing many pods may draw that pick directly (share-sim's timeline does).
+    uniform_scores = True
 
     def __init__(self, seed: int | None = None) -> None:
         self._rng = random.Random(seed)

@@ -25,7 +25,11 @@ from share_scheduler.sim.workload import load_yaml
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="share-sim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="share-sim",
+        description=__doc__.splitlines()[0],
+        epilog="share-sim timeline --help: the churn mode (pods arrive, wait and leave over time)",
+    )
     src = p.add_argument_group("input (either the openb CSVs or --yaml)")
     src.add_argument("--nodes", help="openb node list CSV (sn, cpu_milli, memory_mib, gpu, model)")
     src.add_argument("--pods", help="openb pod list CSV (cpu_milli, memory_mib, num_gpu, gpu_milli, gpu_spec, ...)")
@@ -163,6 +167,11 @@ def format_variant_table(results: list[tuple[str, list[dict]]], policies: list[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["timeline"]:  # the churn mode: its own options (share-sim timeline --help)
+        from share_scheduler.sim import timeline_cli
+
+        return timeline_cli.main(argv[1:])
     args = parse_args(argv)
     try:
         workload = load_yaml(args.yaml) if args.yaml else load_openb(args.nodes, args.pods)

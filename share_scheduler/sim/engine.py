@@ -8,9 +8,8 @@ does), on the GPUs the policy picks, or fails; pods never leave. After
 each arrival: arrived% = units asked so far (failed pods included) / capacity, allocation% = units
 placed / capacity. Unallocated% at arrived t = 100 - allocation% at the first arrival reaching t.
 
-Speed: every node is reduced to a hashable `NodeView`; nodes in the same state share one interned id,
-and for policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) is computed
-once with the policy's own `evaluate` and reused until no node is in that state any more.
+Speed: nodes are interned by state and the policy's answers memoised per (state, demand), in
+`cluster.ClusterState`, the piece the timeline (timeline.py) shares.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import share_placement as placement
 from share_placement import Demand
 from share_placement import NodeView
 from share_placement import Policy
+from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.workload import Workload
 
 THRESHOLDS = (90, 95, 100, 130)
@@ -146,55 +146,11 @@ def simulate(
         raise ValueError("the cluster has no GPU capacity")
     pods = workload.pods
     npods = len(pods)
-
-    # Distinct demands, each with its index for the per-demand caches.
-    demand_ids: dict[Demand, int] = {}
-    pod_demand: list[int] = []
-    demands: list[Demand] = []
-    for pod in pods:
-        d = pod.demand()
-        if d not in demand_ids:
-            demand_ids[d] = len(demands)
-            demands.append(d)
-        pod_demand.append(demand_ids[d])
     pod_gpu = [p.gpu_request for p in pods]
-
-    # Node state interning: view -> state id; state id -> sorted node indices in that state.
-    nodes = workload.nodes
-    state_ids: dict[NodeView, int] = {}
-    state_views: dict[int, NodeView] = {}
-    members: dict[int, list[int]] = {}
-    node_state: list[int] = []
-
-    def intern(view: NodeView) -> int:
-        sid = state_ids.get(view)
-        if sid is None:
-            sid = state_ids[view] = len(state_ids)
-            state_views[sid] = view
-        return sid
-
-    for i, n in enumerate(nodes):
-        view: NodeView = (tuple((n.model, g) for g in n.gpus), n.cpu, n.memory)
-        sid = intern(view)
-        node_state.append(sid)
-        members.setdefault(sid, []).append(i)
-
-    cacheable = bool(getattr(policy, "cacheable", True))
     # Policies with coarse scores (bestfit) leave ties to the caller, as kube-scheduler's selectHost
     # does: uniformly at random among the best nodes, from a stream apart from the arrival order's.
-    tie_rng = random.Random(f"ties-{seed}") if getattr(policy, "random_ties", False) else None
-    caches: list[dict[int, placement.Evaluation]] = [{} for _ in demands]
-    evaluate = policy.evaluate
-    missing = object()
-
-    def fitting(cache: dict[int, placement.Evaluation], demand: Demand) -> Iterator[tuple[int, placement.Evaluation]]:
-        """Each node state the demand fits, with its evaluation (worked out once per state and demand)."""
-        for sid in members:
-            ev = cache.get(sid, missing)
-            if ev is missing:
-                ev = cache[sid] = evaluate(state_views[sid], demand)
-            if ev is not None:
-                yield sid, ev
+    cluster = ClusterState(workload, policy, random.Random(f"ties-{seed}"))
+    pod_demand, demands = cluster.pod_demand, cluster.demands
 
     requested = placed = failed = arrivals = 0
     failed_units: dict[str, int] = {}
@@ -215,35 +171,8 @@ def simulate(
         dix = pod_demand[k]
         demand = demands[dix]
 
-        best_node = -1
-        best_score = placement.NEG_INF
-        best_ev: placement.Evaluation = None
-        if cacheable and tie_rng is not None:
-            cache = caches[dix]
-            tied: list[int] = []
-            for sid, ev in fitting(cache, demand):
-                s = ev[0]
-                if s > best_score:
-                    best_score, tied = s, [sid]
-                elif s == best_score:
-                    tied.append(sid)
-            if tied:
-                pick = tie_rng.randrange(sum(len(members[sid]) for sid in tied))
-                for sid in tied:
-                    if pick < len(members[sid]):
-                        best_node, best_ev = members[sid][pick], cache[sid]
-                        break
-                    pick -= len(members[sid])
-        elif cacheable:
-            for sid, ev in fitting(caches[dix], demand):
-                s, first = ev[0], members[sid][0]
-                if s > best_score or (s == best_score and first < best_node):
-                    best_score, best_node, best_ev = s, first, ev
-        else:
-            for i, sid in enumerate(node_state):
-                ev = evaluate(state_views[sid], demand)
-                if ev is not None and ev[0] > best_score:
-                    best_score, best_node, best_ev = ev[0], i, ev
+        chosen = cluster.best(dix)
+        best_node, best_ev = chosen if chosen is not None else (-1, None)
 
         if placements is not None:
             placements.append((k, None if best_ev is None else (best_node, best_ev[1])))
@@ -255,29 +184,7 @@ def simulate(
                 failed_units[kind] = failed_units.get(kind, 0) + pod_gpu[k]
         else:
             placed += pod_gpu[k]
-            old = node_state[best_node]
-            gpus, cpu_free, mem_free = state_views[old]
-            new_gpus = list(gpus)
-            for p in best_ev[1]:
-                model, free = new_gpus[p]
-                new_gpus[p] = (model, free - demand.per_gpu)
-            new_view: NodeView = (
-                tuple(new_gpus),
-                None if cpu_free is None else cpu_free - demand.cpu,
-                None if mem_free is None else mem_free - demand.memory,
-            )
-            new = intern(new_view)
-            node_state[best_node] = new
-            old_members = members[old]
-            old_members.remove(best_node)
-            if not old_members:
-                del members[old]
-                for cache in caches:
-                    cache.pop(old, None)
-            new_members = members.setdefault(new, [])
-            new_members.append(best_node)
-            if len(new_members) > 1:
-                new_members.sort()
+            cluster.place(best_node, dix, best_ev[1])
 
         while next_mark < len(marks) and requested * 100 >= marks[next_mark] * capacity:
             result[str(marks[next_mark])] = 100.0 - 100.0 * placed / capacity
@@ -296,7 +203,7 @@ def simulate(
         failed=failed,
         seconds=time.perf_counter() - started,
         curve=curve,
-        final=[state_views[sid] for sid in node_state],
+        final=[cluster.view(i) for i in range(len(workload.nodes))],
         failed_units=failed_units,
     )
 

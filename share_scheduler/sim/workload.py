@@ -3,6 +3,11 @@
 Everything is reduced to plain integers in one unit per run: thousandths of a GPU for the openb trace
 (every GPU has 1000 units, as in the paper), GiB for the YAML (GPUs of different sizes are normal).
 CPU is in millicores, memory in MiB.
+
+For the timeline (share_scheduler/sim/timeline.py) a pod also carries how long it ran (`duration`, seconds:
+the trace's deletion_time - scheduled_time; None for a pod the trace shows Pending, which never ran), when
+the trace created it (`created`, seconds) and a scheduling `priority` (from the trace's QoS class, see
+QOS_PRIORITY). The ATC'23 protocol (engine.py) ignores all three.
 """
 
 from __future__ import annotations
@@ -17,6 +22,14 @@ import yaml
 from share_placement import Demand
 
 MILLI = 1000  # units per GPU in the openb trace
+
+# The openb trace's QoS class -> the pod's scheduling priority (higher is scheduled first), the one
+# mapping. Alibaba's latency-sensitive (LS) pods outrank Burstable, which outrank best-effort (BE); the
+# 7 Kubernetes "Guaranteed" pods of the default trace rank with LS, Kubernetes' highest QoS class. An
+# empty class is BE. The values only order pods (kube-scheduler's PrioritySort); nothing is preempted.
+QOS_PRIORITY: dict[str, int] = {"LS": 2, "Guaranteed": 2, "Burstable": 1, "BE": 0, "": 0}
+# The trace's pod_phase of a pod that never ran (no scheduled_time, so no duration).
+PENDING_PHASE = "Pending"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +53,9 @@ class SimPod:
     models: tuple[str, ...] = ()
     cpu: int = 0
     memory: int = 0
+    priority: int = 0  # scheduling priority (QOS_PRIORITY for the trace); higher goes first
+    duration: float | None = None  # seconds it ran; None: unknown (never ran), left out of the timeline
+    created: float | None = None  # the trace's creation time, seconds; None: unknown
 
     @property
     def gpu_request(self) -> int:
@@ -101,8 +117,41 @@ def load_openb_nodes(path: str | Path) -> tuple[SimNode, ...]:
     )
 
 
+def _seconds(row: dict[str, str], key: str, where: str) -> float | None:
+    """An optional time column, seconds: None when the column is absent or empty; garbage is an error."""
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise WorkloadError(f"{where}: column {key!r} is not a number: {raw!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise WorkloadError(f"{where}: column {key!r} must be a finite non-negative number of seconds: {raw!r}")
+    return value
+
+
+def _openb_timing(row: dict[str, str], where: str) -> tuple[int, float | None, float | None]:
+    """(priority, duration, created) of one openb pod row; see SimPod and QOS_PRIORITY."""
+    qos = (row.get("qos") or "").strip()
+    if qos not in QOS_PRIORITY:
+        known = ", ".join(k for k in QOS_PRIORITY if k)
+        raise WorkloadError(f"{where}: unknown qos {qos!r}: expected one of {known}")
+    created = _seconds(row, "creation_time", where)
+    scheduled = _seconds(row, "scheduled_time", where)
+    deleted = _seconds(row, "deletion_time", where)
+    if (row.get("pod_phase") or "").strip() == PENDING_PHASE or scheduled is None or deleted is None:
+        return QOS_PRIORITY[qos], None, created
+    if deleted < scheduled:
+        raise WorkloadError(f"{where}: deletion_time {deleted:g} is before scheduled_time {scheduled:g}")
+    return QOS_PRIORITY[qos], deleted - scheduled, created
+
+
 def load_openb_pods(path: str | Path) -> tuple[SimPod, ...]:
-    """openb pod list. `gpu_milli` is the share of one GPU; pods with num_gpu > 1 take whole GPUs."""
+    """openb pod list. `gpu_milli` is the share of one GPU; pods with num_gpu > 1 take whole GPUs.
+
+    The timing columns (qos, pod_phase, creation_time, deletion_time, scheduled_time) are optional: a
+    file without them loads with priority 0 and no durations (fine for the ATC'23 protocol)."""
     pods = []
     for i, where, row in _openb_rows(path, "pods"):
         num_gpu = _int(row, "num_gpu", where)
@@ -115,6 +164,7 @@ def load_openb_pods(path: str | Path) -> tuple[SimPod, ...]:
             per, count = min(milli, MILLI), 1
         spec = (row.get("gpu_spec") or "").strip()
         models = tuple(sorted(m.strip().lower() for m in spec.split("|") if m.strip()))
+        priority, duration, created = _openb_timing(row, where)
         pods.append(
             SimPod(
                 name=row.get("name") or f"pod-{i}",
@@ -123,6 +173,9 @@ def load_openb_pods(path: str | Path) -> tuple[SimPod, ...]:
                 models=models,
                 cpu=_int(row, "cpu_milli", where),
                 memory=_int(row, "memory_mib", where),
+                priority=priority,
+                duration=duration,
+                created=created,
             )
         )
     return tuple(pods)
@@ -193,6 +246,9 @@ def load_yaml(path: str | Path) -> Workload:
         models = spec.get("models", [])
         if isinstance(models, str):
             models = [models]
+        priority = spec.get("priority", 0)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise WorkloadError(f"{where}: 'priority' must be an integer, got {priority!r}")
         pod = SimPod(
             name=str(spec.get("name", f"pod{i}")),
             per_gpu=per,
@@ -200,6 +256,8 @@ def load_yaml(path: str | Path) -> Workload:
             models=tuple(sorted(str(m).lower() for m in models)),
             cpu=int(_num(spec, "cpu", where, 0) * 1000),
             memory=int(_num(spec, "memory", where, 0) * 1024),
+            priority=priority,
+            duration=_num(spec, "duration", where) if "duration" in spec else None,
         )
         pods.extend([pod] * _whole(spec, "weight", where, 1))
     if not nodes or not pods:

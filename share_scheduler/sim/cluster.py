@@ -1,0 +1,312 @@
+"""The simulated cluster both simulators share: node-state interning, memoised evaluations, the choice of node.
+
+Every node is reduced to a hashable `NodeView`; nodes in the same state share one interned id, and for
+policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) is computed once with the
+policy's own `evaluate` and reused until no node is in that state any more. The ATC'23 protocol
+(engine.py: pods only arrive) places through `ClusterState.best`, a scan of every state; the timeline
+(timeline.py: pods arrive, wait and leave, hundreds of thousands of times) through `best_indexed`, the
+same choice from a heap per demand that only looks at the states born since that demand last asked.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable
+from collections.abc import Iterator
+
+import share_placement as placement
+from share_placement import Demand
+from share_placement import NodeView
+from share_placement import Policy
+from share_scheduler.sim.workload import Workload
+
+_MISSING = object()
+
+
+class ClusterState:
+    """Where every node stands, interned by state, and the policy's best node for a demand.
+
+    Demands are numbered once (`pod_demand[k]`: pod k's demand id), so the memo is a list per state.
+    `tie_rng`: for a policy with `random_ties` (bestfit), equal best scores are broken uniformly at random
+    among the tied nodes, as kube-scheduler's selectHost does; `draw_single_tie` False skips the draw when
+    only one node is best (the timeline does, so that retrying on one node draws as a full retry would).
+    """
+
+    def __init__(
+        self, workload: Workload, policy: Policy, tie_rng: random.Random | None = None, draw_single_tie: bool = True
+    ) -> None:
+        self.policy = policy
+        self.evaluate = policy.evaluate
+        self.cacheable = bool(getattr(policy, "cacheable", True))
+        self.tie_rng = tie_rng if getattr(policy, "random_ties", False) else None
+        self.draw_single_tie = draw_single_tie
+        # Distinct demands, each with its index for the per-state memo.
+        self.demand_ids: dict[Demand, int] = {}
+        self.demands: list[Demand] = []
+        self.pod_demand: list[int] = []
+        for pod in workload.pods:
+            d = pod.demand()
+            dix = self.demand_ids.get(d)
+            if dix is None:
+                dix = self.demand_ids[d] = len(self.demands)
+                self.demands.append(d)
+            self.pod_demand.append(dix)
+        # Node state interning: view -> state id; state id -> sorted node indices in that state.
+        self.state_ids: dict[NodeView, int] = {}
+        self.state_views: dict[int, NodeView] = {}
+        self.members: dict[int, list[int]] = {}
+        self.memo: dict[int, list] = {}  # state id -> evaluation per demand id (_MISSING: not yet)
+        self.node_state: list[int] = []
+        self._next_id = 0
+        # Every state id in the order it was first taken by a node (ids are never reused), and per state
+        # its GPUs' free units in descending order: the indexed chooser's quick "cannot fit" test.
+        self.born: list[int] = []
+        self.desc: dict[int, tuple[int, ...]] = {}
+        self._heaps: list[list[tuple[float, int]]] = [[] for _ in self.demands]
+        self._read: list[int] = [0] * len(self.demands)  # how much of `born` each demand's heap has seen
+        for i, n in enumerate(workload.nodes):
+            sid = self.intern((tuple((n.model, g) for g in n.gpus), n.cpu, n.memory))
+            self.node_state.append(sid)
+            self.members.setdefault(sid, []).append(i)
+
+    def intern(self, view: NodeView) -> int:
+        sid = self.state_ids.get(view)
+        if sid is None:
+            sid = self.state_ids[view] = self._next_id
+            self._next_id += 1
+            self.state_views[sid] = view
+            self.memo[sid] = [_MISSING] * len(self.demands)
+            self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
+            self.born.append(sid)
+        return sid
+
+    def forget_evaluations(self) -> None:
+        """Drop every memoised evaluation and the indexed chooser's heaps: the policy's answers changed
+        (issue 40's `RoomForWaiting` when the waiting shapes change). They are rebuilt as demands ask."""
+        blank = len(self.demands)
+        for sid in self.memo:
+            self.memo[sid] = [_MISSING] * blank
+        for heap in self._heaps:
+            heap.clear()
+        self._read = [0] * blank
+
+    def view(self, node: int) -> NodeView:
+        return self.state_views[self.node_state[node]]
+
+    def evaluation(self, sid: int, dix: int) -> placement.Evaluation:
+        """The policy's answer for a node in state `sid` and demand `dix` (memoised if cacheable)."""
+        if not self.cacheable:
+            return self.evaluate(self.state_views[sid], self.demands[dix])
+        row = self.memo[sid]
+        ev = row[dix]
+        if ev is _MISSING:
+            ev = row[dix] = self.evaluate(self.state_views[sid], self.demands[dix])
+        return ev
+
+    def _fitting(self, dix: int) -> Iterator[tuple[int, placement.Evaluation]]:
+        """Each node state the demand fits, with its evaluation (worked out once per state and demand)."""
+        memo, views, evaluate, demand = self.memo, self.state_views, self.evaluate, self.demands[dix]
+        for sid in self.members:
+            row = memo[sid]
+            ev = row[dix]
+            if ev is _MISSING:
+                ev = row[dix] = evaluate(views[sid], demand)
+            if ev is not None:
+                yield sid, ev
+
+    def best(self, dix: int) -> tuple[int, placement.Evaluation] | None:
+        """(node, evaluation) the policy picks for demand `dix` over the whole cluster, or None: fits nowhere.
+
+        The highest score wins; ties go to the first node (as `placement.best_node` and the paper's
+        kube-scheduler fork), or uniformly at random among the tied nodes for a `random_ties` policy."""
+        best_node = -1
+        best_score = placement.NEG_INF
+        best_ev: placement.Evaluation = None
+        if self.cacheable and self.tie_rng is not None:
+            tied: list[int] = []
+            for sid, ev in self._fitting(dix):
+                s = ev[0]
+                if s > best_score:
+                    best_score, tied = s, [sid]
+                elif s == best_score:
+                    tied.append(sid)
+            if not tied:
+                return None
+            members = self.members
+            total = sum(len(members[sid]) for sid in tied)
+            pick = self.tie_rng.randrange(total) if total > 1 or self.draw_single_tie else 0
+            for sid in tied:
+                if pick < len(members[sid]):
+                    return members[sid][pick], self.memo[sid][dix]
+                pick -= len(members[sid])
+            raise AssertionError("unreachable: pick < total")  # pragma: no cover
+        if self.cacheable:
+            members = self.members
+            for sid, ev in self._fitting(dix):
+                s, first = ev[0], members[sid][0]
+                if s > best_score or (s == best_score and first < best_node):
+                    best_score, best_node, best_ev = s, first, ev
+        else:
+            evaluate, views, demand = self.evaluate, self.state_views, self.demands[dix]
+            for i, sid in enumerate(self.node_state):
+                ev = evaluate(views[sid], demand)
+                if ev is not None and ev[0] > best_score:
+                    best_score, best_node, best_ev = ev[0], i, ev
+        return None if best_ev is None else (best_node, best_ev)
+
+    def cannot_fit(self, sid: int, dix: int) -> bool:
+        """True when the demand surely does not fit state `sid` (too little CPU, memory, or too few GPUs
+        with room, whatever their model): `eligible_positions` would say None. False: maybe it fits."""
+        d = self.demands[dix]
+        _, cpu_free, mem_free = self.state_views[sid]
+        if (cpu_free is not None and cpu_free < d.cpu) or (mem_free is not None and mem_free < d.memory):
+            return True
+        if d.count == 0:
+            return False
+        desc = self.desc[sid]
+        return len(desc) < d.count or desc[d.count - 1] < d.per_gpu
+
+    def fits(self, sid: int, dix: int) -> bool:
+        """Whether demand `dix` fits a node in state `sid` (the policy's own answer where it is cacheable)."""
+        if self.cacheable:
+            return self.evaluation(sid, dix) is not None
+        row = self.memo[sid]
+        ok = row[dix]
+        if ok is _MISSING:
+            ok = row[dix] = not self.cannot_fit(sid, dix) and (
+                placement.eligible_positions(self.state_views[sid], self.demands[dix]) is not None
+            )
+        return ok
+
+    def best_indexed(self, dix: int, rng: random.Random | None = None) -> tuple[int, placement.Evaluation] | None:
+        """`best`'s choice, found without scanning every state (the timeline's hot path).
+
+        Cacheable policies: a heap per demand of (-score, state id) over the states alive when the demand
+        last asked, topped up from `born` and cleaned lazily of states no node is in any more. Ties: the
+        first node, or for `random_ties` a uniform pick among the tied nodes (states in id order), no draw
+        when one node is best. A policy that is not cacheable is asked node by node (`best`), unless it
+        says `uniform_scores` (random): it scores every node independently and uniformly, so its best
+        node is a uniform pick among the nodes that fit: drawn with `rng` (rejection sampling, then a
+        scan), and placed on the GPUs its own `evaluate` picks there."""
+        if not self.cacheable:
+            if not getattr(self.policy, "uniform_scores", False):
+                return self.best(dix)
+            return self._uniform_fit(dix, rng if rng is not None else random.Random(0))
+        heap = self._heaps[dix]
+        members = self.members
+        born = self.born
+        start = self._read[dix]
+        if start < len(born):
+            self._read[dix] = len(born)
+            if len(born) - start > len(members):  # more news than states: rebuild from the live states
+                heap.clear()
+                self._top_up(heap, dix, members)
+                heapq.heapify(heap)
+            else:
+                self._top_up(heap, dix, born[start:])
+        pop = heapq.heappop
+        while heap and heap[0][1] not in members:
+            pop(heap)
+        if not heap:
+            return None
+        top = heap[0][0]
+        tied: list[tuple[float, int]] = []
+        while heap and heap[0][0] == top:
+            e = pop(heap)
+            if e[1] in members:
+                tied.append(e)
+        for e in tied:  # popped in state-id order: pushing back in that order keeps the heap cheap
+            heapq.heappush(heap, e)
+        if self.tie_rng is not None:
+            total = sum(len(members[sid]) for _, sid in tied)
+            pick = self.tie_rng.randrange(total) if total > 1 or self.draw_single_tie else 0
+            for _, sid in tied:
+                if pick < len(members[sid]):
+                    return members[sid][pick], self.memo[sid][dix]
+                pick -= len(members[sid])
+            raise AssertionError("unreachable: pick < total")  # pragma: no cover
+        sid = min((members[sid][0], sid) for _, sid in tied)[1]
+        return members[sid][0], self.memo[sid][dix]
+
+    def _top_up(self, heap: list[tuple[float, int]], dix: int, sids: Iterable[int]) -> None:
+        """Push (-score, state id) for every live state of `sids` the demand fits, evaluating where needed."""
+        memo, views, desc_of = self.memo, self.state_views, self.desc
+        demand = self.demands[dix]
+        evaluate = self.evaluate
+        count, per, cpu, mem = demand.count, demand.per_gpu, demand.cpu, demand.memory
+        push = heapq.heappush
+        for sid in sids:
+            row = memo.get(sid)
+            if row is None:  # born and gone since this demand last asked
+                continue
+            ev = row[dix]
+            if ev is _MISSING:
+                # `cannot_fit`, inlined: this loop is the timeline's hottest.
+                view = views[sid]
+                desc = desc_of[sid]
+                if (
+                    (view[1] is not None and view[1] < cpu)
+                    or (view[2] is not None and view[2] < mem)
+                    or (count and (len(desc) < count or desc[count - 1] < per))
+                ):
+                    ev = row[dix] = None
+                else:
+                    ev = row[dix] = evaluate(view, demand)
+            if ev is not None:
+                push(heap, (-ev[0], sid))
+
+    def _uniform_fit(self, dix: int, rng: random.Random) -> tuple[int, placement.Evaluation] | None:
+        """A node drawn uniformly among those the demand fits, with the policy's evaluation there."""
+        node_state = self.node_state
+        n = len(node_state)
+        for _ in range(16):  # rejection sampling: exact, and quick while many nodes fit
+            node = rng.randrange(n)
+            if self.fits(node_state[node], dix):
+                break
+        else:
+            fitting = [i for i, sid in enumerate(node_state) if self.fits(sid, dix)]
+            if not fitting:
+                return None
+            node = fitting[rng.randrange(len(fitting))]
+        ev = self.evaluate(self.state_views[node_state[node]], self.demands[dix])
+        if ev is None:  # pragma: no cover - fits() and evaluate() disagree: a policy bug
+            raise AssertionError(f"{self.policy!r} refused node {node} that fits")
+        return node, ev
+
+    def place(self, node: int, dix: int, positions: tuple[int, ...]) -> None:
+        """Take demand `dix` on `node`'s GPUs at view `positions` (and its CPU and memory)."""
+        self._shift(node, self.demands[dix], positions, -1)
+
+    def release(self, node: int, dix: int, positions: tuple[int, ...]) -> None:
+        """Give back what `place` took."""
+        self._shift(node, self.demands[dix], positions, 1)
+
+    def _shift(self, node: int, demand: Demand, positions: tuple[int, ...], sign: int) -> None:
+        old = self.node_state[node]
+        gpus, cpu_free, mem_free = self.state_views[old]
+        new_gpus = list(gpus)
+        step = sign * demand.per_gpu
+        for p in positions:
+            model, free = new_gpus[p]
+            new_gpus[p] = (model, free + step)
+        new = self.intern(
+            (
+                tuple(new_gpus),
+                None if cpu_free is None else cpu_free + sign * demand.cpu,
+                None if mem_free is None else mem_free + sign * demand.memory,
+            )
+        )
+        self.node_state[node] = new
+        old_members = self.members[old]
+        old_members.remove(node)
+        if not old_members:
+            del self.members[old]
+            if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
+                del self.memo[old]
+                del self.desc[old]
+                del self.state_ids[self.state_views.pop(old)]
+        new_members = self.members.setdefault(new, [])
+        new_members.append(node)
+        if len(new_members) > 1:
+            new_members.sort()

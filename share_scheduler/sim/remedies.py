@@ -1,0 +1,520 @@
+"""Issue 40's remedies in share-sim's timeline: room for what waits, reservations, consolidation.
+
+The decisions are share_placement.starvation's (the extender calls the same functions); what the holds
+take is share_core.holds' `held_units`, as filter counts them. This module only wires them into the
+timeline (timeline.py):
+
+- **Room for what waits** (`leave_room`): the policy is wrapped in `RoomForWaiting`, told after every
+  event which multi-GPU shapes wait (and those that waited within `linger_s`: a shape that just got its
+  room is likely to wait again); the memoised evaluations are forgotten whenever that set changes.
+- **Reservations** (`reserve`): every `tick_s` (the extender's loop), `plan_reservations` over the
+  waiting pods; holds are dropped when their pod is placed (anywhere) or they expire, and the held node
+  is retried then, as its room reappears for the others.
+- **Consolidation** (`consolidate`): every tick, the first waiting pod in queue order past the threshold
+  whose last try is `retry_s` old gets `plan_consolidation` (at most `max_moves` pods moved), within an
+  eviction rate (`evictions_per_minute`, a token bucket). In the sim the plan happens at once (the
+  extender holds the GPUs until the pods are bound): the waiting pod is placed on its GPUs, the moved
+  pods where the plan says, each running its whole duration anew (an evicted pod restarts: its work so
+  far is lost, as the timeline's `release` models it).
+- **Movability**: which pods a controller would recreate is not in the trace; each arrival is drawn
+  movable with probability `movable_fraction` (seeded per run, the same draw whatever the policy).
+
+`evictions` counts the pods consolidation moved at or after the warm-up; the figures report them per
+1,000 pods placed in the measured window (`evictions_per_1000_placed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Iterator
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+
+from share_core.holds import Hold
+from share_core.holds import held_units
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import NodeView
+from share_placement import Policy
+from share_placement.starvation import ConsolidationPlan
+from share_placement.starvation import Overlay
+from share_placement.starvation import ReservationLimits
+from share_placement.starvation import Resident
+from share_placement.starvation import RoomForWaiting
+from share_placement.starvation import Waiter
+from share_placement.starvation import plan_consolidation
+from share_placement.starvation import plan_reservations
+from share_placement.starvation import queue_order
+from share_placement.starvation import shape_of
+from share_scheduler.sim.timeline import Arrival
+from share_scheduler.sim.timeline import Timeline
+from share_scheduler.sim.timeline import TimelineHooks
+from share_scheduler.sim.timeline import TimelineResult
+from share_scheduler.sim.workload import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class RemedyOptions:
+    """Which remedies run, and their knobs (the CLI's --reserve, --consolidate, --leave-room and friends)."""
+
+    leave_room: bool = False
+    reserve: bool = False
+    consolidate: bool = False
+    limits: ReservationLimits = field(default_factory=ReservationLimits)
+    min_gpus: int = 2  # reservations and consolidation are for pods asking at least this many GPUs
+    tick_s: float = 60.0
+    linger_s: float = 3600.0
+    consolidate_after_s: float = 600.0
+    retry_s: float = 600.0
+    max_moves: int = 2
+    evictions_per_minute: float = 2.0
+    movable_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.min_gpus < 1 or not self.tick_s > 0 or self.linger_s < 0 or self.consolidate_after_s < 0:
+            raise ValueError("remedies: min_gpus >= 1, tick_s > 0, linger_s >= 0 and consolidate_after_s >= 0")
+        if self.retry_s < 0 or self.max_moves < 1 or self.evictions_per_minute < 0:
+            raise ValueError("remedies: retry_s >= 0, max_moves >= 1 and evictions_per_minute >= 0")
+        if not 0.0 <= self.movable_fraction <= 1.0:
+            raise ValueError(f"remedies: movable_fraction must be in [0, 1], got {self.movable_fraction}")
+
+    @property
+    def any(self) -> bool:
+        return self.leave_room or self.reserve or self.consolidate
+
+
+def _uid(seq: int) -> str:
+    return f"a{seq}"
+
+
+def _seq(uid: str) -> int:
+    return int(uid[1:])
+
+
+def held_view(view: NodeView, held: dict[int, int]) -> NodeView:
+    """The view with `held` units (view position -> units; positions are GPU indices in the sim) taken."""
+    gpus = tuple((m, max(0, f - held.get(i, 0))) for i, (m, f) in enumerate(view[0]))
+    return (gpus, view[1], view[2])
+
+
+class RemedyHooks(TimelineHooks):
+    """The remedies' state over one run: the holds, the shapes that wait, the eviction budget."""
+
+    def __init__(self, workload: Workload, arrivals: list[Arrival], options: RemedyOptions, seed: int) -> None:
+        self.options = options
+        self.holds: list[Hold] = []
+        self.evictions = 0
+        self.plans = 0
+        self.names = [n.name for n in workload.nodes]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.totals = [n.gpus for n in workload.nodes]
+        rng = random.Random(f"movable-{seed}")
+        self.movable = [rng.random() < options.movable_fraction for _ in arrivals]
+        self._next_tick = 0.0
+        self._tokens = options.evictions_per_minute  # the bucket starts with one minute's worth
+        self._tokens_at = 0.0
+        self._last_try: dict[int, float] = {}
+        self._shape_seen: dict[Demand, float] = {}
+        self._states: dict[int, tuple[int, NodeState]] = {}
+
+    # --- what a pod sees ---
+    def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
+        if not self.holds:
+            return None
+        pod = timeline.arrivals[seq].pod
+        taken = held_units(self.holds, timeline.pod_priority[pod], _uid(seq), now=timeline.now)
+        if not taken:
+            return None
+        return {self.index[n]: held_view(timeline.cluster.view(self.index[n]), g) for n, g in taken.items()}
+
+    # --- after every event ---
+    def after_event(self, timeline: Timeline, now: float) -> None:
+        o = self.options
+        if o.leave_room:
+            self._update_shapes(timeline, now)
+        if self.holds:
+            self._drop_holds(timeline, now)
+        if now >= self._next_tick:
+            self._next_tick = now + o.tick_s
+            if o.consolidate:
+                self._consolidate(timeline, now)
+            if o.reserve:
+                self._reserve(timeline, now)
+
+    def _update_shapes(self, timeline: Timeline, now: float) -> None:
+        demands = timeline.cluster.demands
+        seen = self._shape_seen
+        for dix in timeline.queues:
+            d = demands[dix]
+            if d.count >= 2:
+                seen[shape_of(d)] = now
+        linger = self.options.linger_s
+        for s in [s for s, t in seen.items() if now - t > linger]:
+            del seen[s]
+        policy = timeline.policy
+        if isinstance(policy, RoomForWaiting) and policy.set_waiting(seen):
+            timeline.cluster.forget_evaluations()
+
+    def _drop_holds(self, timeline: Timeline, now: float) -> None:
+        keep: list[Hold] = []
+        freed: set[int] = set()
+        for h in self.holds:
+            if h.expired(now) or timeline.started[_seq(h.holder_uid)] is not None:
+                freed.add(self.index[h.node])
+            else:
+                keep.append(h)
+        if freed:
+            self.holds = keep
+            for node in sorted(freed):  # the held room is there for the others now
+                timeline.retry_on(node)
+
+    # --- the cluster as the pure rules see it ---
+    def node_states(self, timeline: Timeline) -> list[NodeState]:
+        """Every node as a NodeState (rebuilt only for nodes whose state changed since last asked)."""
+        out = []
+        cluster = timeline.cluster
+        for i, sid in enumerate(cluster.node_state):
+            cached = self._states.get(i)
+            if cached is None or cached[0] != sid:
+                gpus, cpu, mem = cluster.state_views[sid]
+                slots = tuple(GpuSlot(g, m, self.totals[i][g], f) for g, (m, f) in enumerate(gpus))
+                cached = self._states[i] = (sid, NodeState(self.names[i], slots, cpu, mem))
+            out.append(cached[1])
+        return out
+
+    def waiters(self, timeline: Timeline, now: float, after_s: float) -> list[Waiter]:
+        """The waiting pods asking at least `min_gpus` GPUs that have waited `after_s`, in queue order."""
+        demands, pod_demand = timeline.cluster.demands, timeline.cluster.pod_demand
+        out = []
+        for seq, pod, since in timeline.waiting():
+            d = demands[pod_demand[pod]]
+            if d.count >= self.options.min_gpus and now - since >= after_s:
+                out.append(Waiter(_uid(seq), timeline.workload.pods[pod].name, timeline.pod_priority[pod], since, d))
+        return out
+
+    # --- reservations ---
+    def _reserve(self, timeline: Timeline, now: float) -> None:
+        limits = self.options.limits
+        live = [h for h in self.holds if not h.expired(now)]
+        if len(live) >= limits.max_holds:
+            return
+        holders = {h.holder_uid for h in live}
+        waiters = [w for w in self.waiters(timeline, now, limits.after_s) if w.uid not in holders]
+        if not waiters:
+            return
+        new = plan_reservations(waiters, self.node_states(timeline), live, now, limits, timeline.capacity)
+        self.holds.extend(new)
+
+    # --- consolidation ---
+    def _take_tokens(self, now: float) -> float:
+        rate = self.options.evictions_per_minute / 60.0
+        cap = max(self.options.evictions_per_minute, float(self.options.max_moves))
+        self._tokens = min(cap, self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        return self._tokens
+
+    def _consolidate(self, timeline: Timeline, now: float) -> None:
+        o = self.options
+        if self._take_tokens(now) < 1:
+            return
+        due = [
+            w
+            for w in queue_order(self.waiters(timeline, now, o.consolidate_after_s))
+            if now - self._last_try.get(_seq(w.uid), -1e18) >= o.retry_s
+        ]
+        if not due:
+            return
+        waiter = due[0]
+        self._last_try[_seq(waiter.uid)] = now
+        nodes = self.node_states(timeline)
+        residents = self.residents(timeline)
+        held: dict[str, dict[int, int]] = {}
+        if self.holds:
+            held = held_units(self.holds, waiter.priority, waiter.uid, now=now)
+        plan = plan_consolidation(
+            waiter,
+            nodes,
+            residents,
+            max_moves=min(o.max_moves, int(self._tokens)),
+            placer=self._placer(timeline),
+            held=held,
+        )
+        if plan is not None:
+            self._apply(timeline, plan, now)
+
+    def residents(self, timeline: Timeline) -> _Residents:
+        """The running GPU pods per node, each movable as drawn for its arrival (built per node on demand)."""
+        by_node: dict[int, list[int]] = {}
+        for seq, (node, _) in timeline.where.items():
+            by_node.setdefault(node, []).append(seq)
+        return _Residents(self, timeline, by_node)
+
+    def _placer(self, timeline: Timeline):
+        """The policy's own choice on the cluster as a plan's overlay changes it (the memo for the rest)."""
+        cluster = timeline.cluster
+        index, totals = self.index, self.totals
+
+        def place(demand: Demand, overlay: Overlay) -> tuple[str, tuple[int, ...]] | None:
+            dix = cluster.demand_ids[demand]
+            changed: dict[int, NodeView] = {}
+            for name in set(overlay.gpu) | set(overlay.cpu):
+                i = index[name]
+                gpus, cpu, mem = cluster.view(i)
+                g = overlay.gpu.get(name, {})
+                new_gpus = tuple((m, min(totals[i][k], max(0, f - g.get(k, 0)))) for k, (m, f) in enumerate(gpus))
+                changed[i] = (
+                    new_gpus,
+                    None if cpu is None else cpu - overlay.cpu.get(name, 0),
+                    None if mem is None else mem - overlay.memory.get(name, 0),
+                )
+            best_score = float("-inf")
+            best: tuple[int, tuple[int, ...]] | None = None
+            for node, sid in enumerate(cluster.node_state):
+                view = changed.get(node)
+                ev = cluster.evaluation(sid, dix) if view is None else cluster.evaluate(view, demand)
+                if ev is not None and ev[0] > best_score:
+                    best_score, best = ev[0], (node, ev[1])
+            if best is None:
+                return None
+            return self.names[best[0]], tuple(best[1])
+
+        return place
+
+    def _apply(self, timeline: Timeline, plan: ConsolidationPlan, now: float) -> None:
+        """Carry the plan out at once: the moved pods leave their GPUs, the waiting pod takes its GPUs,
+        the moved pods take their new ones and run their whole duration anew (an evicted pod restarts)."""
+        moved = [_seq(m.pod.uid) for m in plan.moves]
+        for seq in moved:
+            timeline.release(seq)
+        waiter = _seq(plan.waiter.uid)
+        timeline.unqueue(waiter)
+        timeline.place(waiter, self.index[plan.node], plan.gpus)
+        for m, seq in zip(plan.moves, moved, strict=True):
+            timeline.place(seq, self.index[m.node], m.gpus)
+        self._tokens -= len(plan.moves)
+        self.plans += 1
+        if now >= timeline.warmup_s:
+            self.evictions += len(plan.moves)
+        # Room the moves left on other GPUs of the plan's node (nothing else gained room).
+        timeline.retry_on(self.index[plan.node])
+
+
+class _Residents(Mapping[str, Sequence[Resident]]):
+    """node name -> the GPU pods running there, as `Resident`s, made only for the nodes a plan looks at."""
+
+    def __init__(self, hooks: RemedyHooks, timeline: Timeline, by_node: dict[int, list[int]]) -> None:
+        self._hooks, self._tl, self._by_node = hooks, timeline, by_node
+        self._made: dict[str, list[Resident]] = {}
+
+    def __getitem__(self, name: str) -> list[Resident]:
+        made = self._made.get(name)
+        if made is not None:
+            return made
+        tl, hooks = self._tl, self._hooks
+        node = hooks.index.get(name)
+        if node is None:
+            raise KeyError(name)
+        demands, pod_demand, pods = tl.cluster.demands, tl.cluster.pod_demand, tl.workload.pods
+        made = []
+        for seq in self._by_node.get(node, ()):
+            pod = tl.arrivals[seq].pod
+            d = demands[pod_demand[pod]]
+            if d.count:
+                positions = tl.where[seq][1]
+                made.append(Resident(_uid(seq), pods[pod].name, name, tuple(positions), d, hooks.movable[seq]))
+        self._made[name] = made
+        return made
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._hooks.names[n] for n in self._by_node)
+
+    def __len__(self) -> int:
+        return len(self._by_node)
+
+
+class RemedyTimeline(Timeline):
+    """The timeline with the remedies' hooks, and two shortcuts that keep it as fast as without them:
+    the grouped retry while no hold exists, and the indexed choice when its pick is not a held node."""
+
+    hooks: RemedyHooks
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        arrivals: list[Arrival],
+        warmup_s: float,
+        end_s: float,
+        seed: int,
+        hooks: RemedyHooks,
+        sample_s: float | None = None,
+    ) -> None:
+        if hooks.options.leave_room and not isinstance(policy, RoomForWaiting):
+            policy = RoomForWaiting(policy)
+        super().__init__(workload, policy, arrivals, warmup_s, end_s, seed, hooks, "node", sample_s)
+
+    def _choose(self, seq: int):
+        held = self.hooks.held(self, seq)
+        dix = self.cluster.pod_demand[self.arrivals[seq].pod]
+        if not held:
+            return self.cluster.best_indexed(dix, self._pick_rng)
+        # The best node seen without holds; if it is not held, only the held nodes (seen as the pod sees
+        # them) can beat it: scores are per node, so no other node changed.
+        pick = self.cluster.best_indexed(dix, self._pick_rng)
+        if pick is None or pick[0] in held:
+            return self._choose_held(dix, held)
+        demand = self.cluster.demands[dix]
+        for node, view in held.items():
+            ev = self.cluster.evaluate(view, demand)
+            if ev is not None and ev[0] > pick[1][0]:
+                pick = (node, ev)
+        return pick
+
+    def result(self, seconds: float = 0.0) -> TimelineResult:
+        out = super().result(seconds)
+        out.evictions = self.hooks.evictions
+        return out
+
+    def retry_on(self, node: int) -> None:
+        if self.hooks.holds:
+            super().retry_on(node)
+            return
+        hooks, self.hooks = self.hooks, None  # no hold: every pod sees the same room, the grouped retry
+        try:
+            super().retry_on(node)
+        finally:
+            self.hooks = hooks
+
+
+def simulate_with_remedies(
+    workload: Workload,
+    policy: Policy,
+    arrivals: list[Arrival],
+    warmup_s: float,
+    end_s: float,
+    options: RemedyOptions,
+    seed: int = 0,
+    sample_s: float | None = None,
+) -> TimelineResult:
+    """`simulate_timeline` with the remedies `options` turns on (the policy wrapped to leave room when
+    `leave_room`); the result carries the evictions consolidation made in the measured window."""
+    started = time.perf_counter()
+    hooks = RemedyHooks(workload, arrivals, options, seed)
+    tl = RemedyTimeline(workload, policy, arrivals, warmup_s, end_s, seed, hooks, sample_s)
+    tl.run()
+    return tl.result(time.perf_counter() - started)
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return value == "on"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The remedies' switches and knobs for `share-sim timeline` (all off by default: today's extender)."""
+    d = RemedyOptions()
+    lim = d.limits
+    g = parser.add_argument_group("issue 40's remedies (docs/simulator.md, 'Starvation remedies')")
+    g.add_argument(
+        "--leave-room",
+        type=_on_off,
+        default=False,
+        metavar="on|off",
+        help="the policy leaves room for the multi-GPU shapes that wait (default off)",
+    )
+    g.add_argument(
+        "--reserve",
+        type=_on_off,
+        default=False,
+        metavar="on|off",
+        help="reservations for pods that waited past --reserve-after (default off)",
+    )
+    g.add_argument(
+        "--consolidate",
+        type=_on_off,
+        default=False,
+        metavar="on|off",
+        help="move movable pods to place a waiting multi-GPU pod (default off)",
+    )
+    g.add_argument(
+        "--reserve-after",
+        type=float,
+        default=lim.after_s,
+        metavar="S",
+        help=f"seconds waited before a reservation (default {lim.after_s:g})",
+    )
+    g.add_argument(
+        "--max-holds", type=int, default=lim.max_holds, help=f"reservations held at once (default {lim.max_holds})"
+    )
+    g.add_argument(
+        "--max-hold-share",
+        type=float,
+        default=lim.max_share,
+        metavar="FRACTION",
+        help=f"share of the cluster's GPU units reservations may hold (default {lim.max_share:g})",
+    )
+    g.add_argument(
+        "--hold-ttl",
+        type=float,
+        default=lim.ttl_s,
+        metavar="S",
+        help=f"a reservation's bound time, seconds (default {lim.ttl_s:g})",
+    )
+    g.add_argument(
+        "--remedy-min-gpus",
+        type=int,
+        default=d.min_gpus,
+        metavar="N",
+        help=f"reservations and consolidation for pods asking N+ GPUs (default {d.min_gpus})",
+    )
+    g.add_argument(
+        "--consolidate-after",
+        type=float,
+        default=d.consolidate_after_s,
+        metavar="S",
+        help=f"seconds waited before consolidation is tried (default {d.consolidate_after_s:g})",
+    )
+    g.add_argument(
+        "--max-moves",
+        type=int,
+        default=d.max_moves,
+        metavar="K",
+        help=f"pods one consolidation may move (default {d.max_moves})",
+    )
+    g.add_argument(
+        "--evictions-per-minute",
+        type=float,
+        default=d.evictions_per_minute,
+        help=f"consolidation's eviction rate limit (default {d.evictions_per_minute:g})",
+    )
+    g.add_argument(
+        "--movable-fraction",
+        type=float,
+        default=d.movable_fraction,
+        metavar="FRACTION",
+        help=f"share of arrivals a controller would recreate (movable; default {d.movable_fraction:g})",
+    )
+
+
+def options_from(args: argparse.Namespace) -> RemedyOptions:
+    """RemedyOptions from parsed arguments; ValueError naming the bad knob."""
+    return RemedyOptions(
+        leave_room=args.leave_room,
+        reserve=args.reserve,
+        consolidate=args.consolidate,
+        limits=ReservationLimits(
+            after_s=args.reserve_after, max_holds=args.max_holds, max_share=args.max_hold_share, ttl_s=args.hold_ttl
+        ),
+        min_gpus=args.remedy_min_gpus,
+        consolidate_after_s=args.consolidate_after,
+        max_moves=args.max_moves,
+        evictions_per_minute=args.evictions_per_minute,
+        movable_fraction=args.movable_fraction,
+    )

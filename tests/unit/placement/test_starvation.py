@@ -1,0 +1,282 @@
+"""Issue 40's pure rules against hand-worked clusters: where a reservation goes, its bounds, what a
+consolidation moves, and how a policy leaves room for the shapes that wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from share_core.holds import HoldKind
+from share_core.holds import held_units
+from share_placement import BinpackPolicy
+from share_placement import Demand
+from share_placement import GpuSlot
+from share_placement import NodeState
+from share_placement import node_view
+from share_placement.starvation import ReservationLimits
+from share_placement.starvation import Resident
+from share_placement.starvation import RoomForWaiting
+from share_placement.starvation import Waiter
+from share_placement.starvation import closeness
+from share_placement.starvation import plan_consolidation
+from share_placement.starvation import plan_reservations
+from share_placement.starvation import reservation_node
+from share_placement.starvation import room_cost
+from share_placement.starvation import shortfall
+
+FULL = 1000
+EIGHT = Demand(FULL, 8)
+FOUR = Demand(FULL, 4)
+
+
+def node(name: str, frees: list[int], total: int = FULL, model: str = "T4") -> NodeState:
+    return NodeState(name, tuple(GpuSlot(i, model, total, f) for i, f in enumerate(frees)))
+
+
+def waiter(uid: str, demand: Demand, since: float = 0.0, priority: int = 0) -> Waiter:
+    return Waiter(uid, f"default/{uid}", priority, since, demand)
+
+
+# -- shortfall and the reservation's node ----------------------------------------------------------------
+
+
+def test_shortfall_counts_the_gpus_short_and_the_units_to_drain_on_the_emptiest_gpus():
+    # Four GPUs: two free, one with 700 free, one with 100 free. A 4-GPU pod is short two GPUs, and
+    # 300 + 900 units must leave before it fits.
+    sf = shortfall(node("a", [FULL, 700, FULL, 100]), FOUR)
+    assert sf is not None
+    assert (sf.short, sf.drain, sf.gpus) == (2, 1200, (0, 1, 2, 3))
+    # Eight GPUs, two busy: the 4-GPU pod fits now on the four lowest-indexed free ones.
+    sf = shortfall(node("b", [0, FULL, FULL, FULL, FULL, FULL, FULL, 0]), FOUR)
+    assert (sf.short, sf.drain, sf.gpus) == (0, 0, (1, 2, 3, 4))
+
+
+def test_a_node_with_too_few_gpus_can_never_take_the_pod():
+    assert shortfall(node("small", [FULL, FULL]), FOUR) is None
+    # GPUs too small for the share (16 GiB GPUs, a pod asking 24 GiB on each) never count.
+    assert shortfall(node("t4", [16, 16, 16, 16], total=16), Demand(24, 2)) is None
+
+
+def test_reservation_goes_to_the_node_fewest_gpus_short_then_least_to_drain():
+    nodes = [
+        node("far", [FULL] * 4 + [0] * 4),  # 4 short, 4000 to drain
+        node("near-heavy", [FULL] * 7 + [0]),  # 1 short, 1000 to drain
+        node("near-light", [FULL] * 7 + [600]),  # 1 short, 400 to drain
+        node("two-short", [FULL] * 6 + [900, 900]),  # 2 short, 200 to drain: fewer units, more GPUs
+    ]
+    assert reservation_node(nodes, EIGHT).node == "near-light"
+    # One reservation per node: with near-light taken, the next is near-heavy.
+    assert reservation_node(nodes, EIGHT, taken={"near-light"}).node == "near-heavy"
+    # Held units for others count as taken: near-light's free GPUs held by a higher-priority pod.
+    held = {"near-light": {0: FULL, 1: FULL}}
+    assert reservation_node(nodes, EIGHT, held=held).node == "near-heavy"
+
+
+def test_no_node_can_take_it_no_reservation():
+    assert reservation_node([node("a", [FULL] * 4)], EIGHT) is None
+
+
+# -- reservations: who, where, how many --------------------------------------------------------------------
+
+
+def nodes_for_reservations() -> list[NodeState]:
+    return [node(f"n{i}", [FULL] * (7 - i) + [0] * (i + 1)) for i in range(6)]  # n0 1 short, n1 2, ...
+
+
+def test_reservations_go_by_priority_then_wait_and_respect_the_threshold():
+    nodes = nodes_for_reservations()
+    limits = ReservationLimits(after_s=600, max_holds=10, max_share=1.0, ttl_s=3600)
+    ws = [
+        waiter("old-low", EIGHT, since=0, priority=0),
+        waiter("new-high", EIGHT, since=100, priority=2),
+        waiter("too-recent", EIGHT, since=900, priority=5),  # waited 100 s at now=1000
+        waiter("share", Demand(300, 1), since=0),  # a GPU pod still; min_gpus is the caller's filter
+    ]
+    holds = plan_reservations(ws, nodes, [], now=1000, limits=limits)
+    assert [(h.holder_uid, h.node) for h in holds] == [("new-high", "n0"), ("old-low", "n1"), ("share", "n2")]
+    first = holds[0]
+    assert first.kind is HoldKind.RESERVATION
+    assert first.gpus == tuple(range(8)) and first.per_gpu == FULL and first.priority == 2
+    assert first.expires == 1000 + 3600 and first.holder == "default/new-high"
+
+
+def test_reservations_are_bounded_in_count_and_in_share_of_the_cluster():
+    nodes = nodes_for_reservations()  # 6 nodes x 8 GPUs = 48,000 units
+    ws = [waiter(f"w{i}", EIGHT, since=i) for i in range(5)]
+    by_count = plan_reservations(ws, nodes, [], 1000, ReservationLimits(after_s=0, max_holds=2, max_share=1.0))
+    assert [h.holder_uid for h in by_count] == ["w0", "w1"]
+    # A share of 0.4 holds 19,200 units: two 8-GPU reservations (16,000), not three.
+    by_share = plan_reservations(ws, nodes, [], 1000, ReservationLimits(after_s=0, max_holds=10, max_share=0.4))
+    assert [h.holder_uid for h in by_share] == ["w0", "w1"]
+    # Existing live reservations count against both bounds, and their nodes and holders are skipped.
+    existing = by_share[:1]
+    more = plan_reservations(ws, nodes, existing, 1000, ReservationLimits(after_s=0, max_holds=2, max_share=1.0))
+    assert [(h.holder_uid, h.node) for h in more] == [("w1", "n1")]
+    # An expired one counts for nothing: its holder gets one again.
+    limits = ReservationLimits(after_s=0, max_holds=1, max_share=1.0)
+    later = plan_reservations(ws[:1], nodes, existing, existing[0].expires, limits)
+    assert [h.holder_uid for h in later] == ["w0"]
+
+
+def test_a_reservation_keeps_same_or_lower_priority_pods_off_its_gpus_only():
+    hold = plan_reservations(
+        [waiter("big", EIGHT, priority=1)], nodes_for_reservations(), [], 1000, ReservationLimits(0, 1, 1.0)
+    )[0]
+    assert held_units([hold], priority=1, uid="small") == {"n0": {g: FULL for g in range(8)}}
+    assert held_units([hold], priority=0, uid="small") == {"n0": {g: FULL for g in range(8)}}
+    assert held_units([hold], priority=2, uid="urgent") == {}
+    assert held_units([hold], priority=1, uid="big") == {}
+
+
+def test_limits_refuse_nonsense():
+    with pytest.raises(ValueError, match="max_share"):
+        ReservationLimits(max_share=1.5)
+    with pytest.raises(ValueError, match="ttl_s"):
+        ReservationLimits(ttl_s=0)
+
+
+# -- consolidation ----------------------------------------------------------------------------------------------
+
+
+def resident(uid: str, where: str, gpu: int, units: int, movable: bool = True) -> Resident:
+    return Resident(uid, f"default/{uid}", where, (gpu,), Demand(units, 1), movable)
+
+
+def test_consolidation_moves_the_fewest_movable_pods_and_only_when_all_are_placed_again():
+    # "tight": 4 GPUs, two busy with one small pod each; a 4-GPU pod waits. "spare": one GPU with 500
+    # free, room for both small pods. Binpack puts each on spare's GPU 0.
+    tight = node("tight", [FULL, FULL, 700, 800])
+    spare = node("spare", [500, 0])
+    residents = {
+        "tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)],
+        "spare": [resident("big", "spare", 0, 500, movable=False), resident("x", "spare", 1, FULL, movable=False)],
+    }
+    plan = plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2)
+    assert plan is not None
+    assert plan.node == "tight" and plan.gpus == (0, 1, 2, 3)
+    assert sorted((m.pod.uid, m.node, m.gpus) for m in plan.moves) == [("s1", "spare", (0,)), ("s2", "spare", (0,))]
+    assert plan.units_moved == 500
+    # The holds it asks for: the waiter's four GPUs, each moved pod's new GPU.
+    holds = plan.holds(now=10, ttl_s=60)
+    assert [(h.holder_uid, h.node, h.gpus, h.per_gpu) for h in holds] == [
+        ("w", "tight", (0, 1, 2, 3), FULL),
+        ("s1", "spare", (0,), 300),
+        ("s2", "spare", (0,), 200),
+    ]
+    assert all(h.kind is HoldKind.CONSOLIDATION and h.expires == 70 for h in holds)
+
+
+def test_consolidation_moves_at_most_k_pods():
+    tight = node("tight", [FULL, FULL, 700, 800])
+    spare = node("spare", [FULL, FULL])
+    residents = {"tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)]}
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=1) is None
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2) is not None
+
+
+def test_a_bare_pod_never_moves():
+    tight = node("tight", [FULL, FULL, 700, 800])
+    spare = node("spare", [FULL, FULL])
+    residents = {"tight": [resident("s1", "tight", 2, 300), resident("bare", "tight", 3, 200, movable=False)]}
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=4) is None
+
+
+def test_no_plan_when_a_moved_pod_would_not_be_placed_again():
+    # The only other room is 250 units: s1 (300) cannot go anywhere but back onto the GPUs the waiter needs.
+    tight = node("tight", [FULL, FULL, 700, 800])
+    spare = node("spare", [250])
+    residents = {"tight": [resident("s1", "tight", 2, 300), resident("s2", "tight", 3, 200)]}
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), max_moves=2) is None
+
+
+def test_consolidation_prefers_the_node_needing_fewer_moves():
+    one_move = node("one", [FULL, FULL, FULL, 600])
+    two_moves = node("two", [FULL, FULL, 700, 800])
+    spare = node("spare", [FULL])
+    residents = {
+        "one": [resident("a", "one", 3, 400)],
+        "two": [resident("b", "two", 2, 300), resident("c", "two", 3, 200)],
+    }
+    plan = plan_consolidation(waiter("w", FOUR), [two_moves, one_move, spare], residents, BinpackPolicy())
+    assert plan is not None and plan.node == "one" and [m.pod.uid for m in plan.moves] == ["a"]
+
+
+def test_holds_the_waiter_must_respect_count_in_the_plan():
+    # spare's only GPU is held for someone else: s1 has nowhere to go.
+    tight = node("tight", [FULL, FULL, FULL, 600])
+    spare = node("spare", [FULL])
+    residents = {"tight": [resident("s1", "tight", 3, 400)]}
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy()) is not None
+    held = {"spare": {0: FULL}}
+    assert plan_consolidation(waiter("w", FOUR), [tight, spare], residents, BinpackPolicy(), held=held) is None
+
+
+# -- room for what waits ------------------------------------------------------------------------------------------
+
+
+def view_of(frees: list[int]):
+    return node_view(node("v", frees))[0]
+
+
+def test_closeness_is_one_over_one_plus_gpus_short():
+    assert closeness(view_of([FULL] * 8), EIGHT) == 1.0
+    assert closeness(view_of([FULL] * 7 + [0]), EIGHT) == 0.5
+    assert closeness(view_of([FULL] * 5 + [0] * 3), EIGHT) == 0.25
+    assert closeness(view_of([FULL] * 4), EIGHT) == 0.0  # too few GPUs: never
+
+
+def test_room_cost_is_what_a_placement_takes_from_the_waiting_shapes():
+    share = Demand(300, 1)
+    seven_free = view_of([FULL] * 7 + [500])
+    # On the half-used GPU (position 7): no full GPU lost, no cost.
+    assert room_cost(seven_free, (7,), share, [EIGHT]) == 0.0
+    # On a free GPU: 1 short becomes 2 short, closeness 1/2 -> 1/3.
+    assert room_cost(seven_free, (0,), share, [EIGHT]) == pytest.approx(1 / 2 - 1 / 3)
+    # The pod's own shape costs nothing (it is the one placed).
+    assert room_cost(view_of([FULL] * 8), tuple(range(8)), EIGHT, [EIGHT]) == 0.0
+
+
+def test_room_for_waiting_steers_a_pod_off_the_gpus_a_waiting_pod_needs():
+    share = Demand(300, 1)
+    nearly = node("nearly", [FULL] * 7 + [300])  # 1 GPU short of an 8-GPU pod; a GPU the share fills exactly
+    scattered = node("scattered", [FULL] + [0] * 7)  # 7 short: far from an 8-GPU fit
+    plain = BinpackPolicy()
+    room = RoomForWaiting(BinpackPolicy())
+    # Nothing waits: the wrapped policy exactly.
+    assert room.score(nearly, share) == plain.score(nearly, share)
+    assert room.set_waiting([EIGHT]) is True
+    assert room.set_waiting([EIGHT, Demand(100, 1)]) is False  # only multi-GPU shapes count
+    # On "nearly" binpack takes the 300-free GPU: no free GPU broken, so the wrapper agrees with binpack.
+    assert room.choose(nearly, share) == (7,)
+    assert room.score(nearly, share) == plain.score(nearly, share) > plain.score(scattered, share)
+    # A whole-GPU pod must break a free GPU somewhere. Binpack prefers the fuller node, "nearly" (7,000
+    # free against 7,300); but there it costs 1/2 - 1/3 of closeness, on "scattered" (7 short -> 8 short)
+    # only 1/8 - 1/9: the wrapper sends it to "scattered".
+    whole = Demand(FULL, 1)
+    nearly_full = node("nearly", [FULL] * 7 + [0])
+    scattered = node("scattered", [FULL] + [900] * 7)
+    assert plain.score(nearly_full, whole) > plain.score(scattered, whole)
+    assert room.score(scattered, whole) > room.score(nearly_full, whole)
+    # Steered, never refused: it still fits "nearly" when that is all there is.
+    assert room.choose(nearly_full, whole) == (0,)
+    # The waiting shape gone: binpack's order again.
+    assert room.set_waiting([]) is True
+    assert room.score(nearly_full, whole) > room.score(scattered, whole)
+
+
+def test_room_for_waiting_prices_in_batch_as_it_evaluates():
+    whole = Demand(FULL, 1)
+    views = [view_of([FULL] * 7 + [0]), view_of([FULL] + [900] * 7), view_of([0, 0])]
+    room = RoomForWaiting(BinpackPolicy())
+    for shapes in ([], [EIGHT]):
+        room.set_waiting(shapes)
+        expected = [float("-inf") if (ev := room.evaluate(v, whole)) is None else ev[0] for v in views]
+        assert room.scores(views, whole) == expected
+
+
+def test_consolidation_frees_a_gpu_with_its_largest_movable_pod_first():
+    # GPU 1 holds 300 + 700 units; a pod asking 600 on each of two GPUs needs only the 700 moved.
+    busy = node("busy", [FULL, 0])
+    spare = node("spare", [FULL])
+    residents = {"busy": [resident("small", "busy", 1, 300), resident("large", "busy", 1, 700)]}
+    plan = plan_consolidation(waiter("w", Demand(600, 2)), [busy, spare], residents, BinpackPolicy(), max_moves=1)
+    assert plan is not None and [(m.pod.uid, m.node) for m in plan.moves] == [("large", "spare")]

@@ -1,0 +1,154 @@
+"""Issue 40's remedies in the timeline, against timelines worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from share_placement import BinpackPolicy
+from share_placement import SpreadPolicy
+from share_placement.starvation import ReservationLimits
+from share_scheduler.sim import cli
+from share_scheduler.sim import engine
+from share_scheduler.sim.remedies import RemedyHooks
+from share_scheduler.sim.remedies import RemedyOptions
+from share_scheduler.sim.remedies import RemedyTimeline
+from share_scheduler.sim.remedies import simulate_with_remedies
+from share_scheduler.sim.timeline import Arrival
+from share_scheduler.sim.timeline import simulate_timeline
+from share_scheduler.sim.timeline_cli import parse_args
+from share_scheduler.sim.workload import SimNode
+from share_scheduler.sim.workload import SimPod
+from share_scheduler.sim.workload import Workload
+
+# Pods by index: 0 a half-GPU share, 1 a two-GPU pod, 2 a CPU-only pod (its arrivals make the remedies'
+# loop run at a chosen time, as the extender's timer would), 3 a 300-unit share, 4 a whole GPU.
+PODS = (
+    SimPod("share500", 500, 1, cpu=1000, duration=100.0),
+    SimPod("pair", 1000, 2, cpu=1000, duration=100.0),
+    SimPod("cpu", 0, 0, cpu=1, duration=1.0),
+    SimPod("share300", 300, 1, cpu=1000, duration=100.0),
+    SimPod("whole", 1000, 1, cpu=1000, duration=100.0),
+)
+
+
+def cluster(*gpus: int) -> Workload:
+    return Workload(
+        tuple(SimNode(f"n{i}", "T4", (1000,) * g, cpu=64000, memory=10**6) for i, g in enumerate(gpus)), PODS
+    )
+
+
+def timeline(workload, policy, arrivals, options, end=1000.0) -> RemedyTimeline:
+    hooks = RemedyHooks(workload, arrivals, options, seed=0)
+    tl = RemedyTimeline(workload, policy, arrivals, 0.0, end, 0, hooks)
+    tl.run()
+    return tl
+
+
+# A share on the 2-GPU node at 0 (runs to 100); the pair arrives at 1 and waits; the loop runs at 20;
+# a second share arrives at 60, a third at 150.
+STREAM = [
+    Arrival(0, 0, 100),
+    Arrival(1, 1, 100),
+    Arrival(20, 2, 1),
+    Arrival(60, 0, 100),
+    Arrival(150, 0, 100),
+]
+
+
+def test_without_a_reservation_the_stream_of_shares_keeps_the_pair_waiting():
+    r = simulate_timeline(cluster(2), BinpackPolicy(), STREAM, 0.0, 400.0)
+    # 60: the second share takes GPU 0's other half; 100: the first leaves, 150: the third takes its half;
+    # 160: the second leaves; GPU 0 is busy until 250, when the pair finally fits.
+    assert r.classes["multi"]["max_s"] == pytest.approx(249.0)
+
+
+def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_placed():
+    options = RemedyOptions(reserve=True, limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0), tick_s=1)
+    tl = timeline(cluster(2), BinpackPolicy(), STREAM, options, end=400)
+    # 20: the pair has waited 19 s: both GPUs held for it. 60: the share sees them taken and waits.
+    # 100: the first share leaves, the pair takes both GPUs; its hold goes. 150: the third share waits
+    # too (the pair runs); 200: the pair leaves, the two shares run.
+    assert tl.started == [0.0, 100.0, 20.0, 200.0, 200.0]
+    assert tl.hooks.holds == []
+
+
+def test_a_reservation_does_not_hold_against_a_higher_priority_pod():
+    pods = (*PODS[:3], SimPod("urgent", 500, 1, cpu=1000, priority=2, duration=100.0))
+    workload = Workload(cluster(2).nodes, pods)
+    arrivals = [Arrival(0, 0, 100), Arrival(1, 1, 100), Arrival(20, 2, 1), Arrival(60, 3, 100)]
+    options = RemedyOptions(reserve=True, limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0), tick_s=1)
+    tl = timeline(workload, BinpackPolicy(), arrivals, options, end=400)
+    assert tl.started[3] == 60.0  # the urgent share passes the hold
+    assert tl.started[1] == 160.0  # the pair runs once both shares are gone
+
+
+def test_consolidation_moves_a_movable_share_to_place_the_waiting_pair():
+    # Spread puts the share on the 2-GPU node n0 (the emptiest); the pair waits. At 20 the loop moves
+    # the share to n1's GPU and places the pair on n0's two GPUs.
+    arrivals = [Arrival(0, 3, 500), Arrival(1, 1, 100), Arrival(20, 2, 1)]
+    options = RemedyOptions(consolidate=True, consolidate_after_s=10, tick_s=1, movable_fraction=1.0)
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
+    assert tl.started == [0.0, 20.0, 20.0]
+    assert tl.hooks.evictions == 1
+    assert tl.where == {} and tl.ends == {}  # everyone left; the share restarted at 20, ran 500 s to 520
+    r = tl.result()
+    assert r.figures()["evictions_per_1000_placed"] == pytest.approx(1000 / 3)
+    # At 510 the moved share still runs, on n1: it restarted at 20 (its first start stays 0).
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=510)
+    assert tl.where[0] == (1, (0,)) and tl.ends[0] == 520.0
+
+
+def test_consolidation_never_moves_a_pod_no_controller_recreates():
+    arrivals = [Arrival(0, 3, 500), Arrival(1, 1, 100), Arrival(20, 2, 1)]
+    options = RemedyOptions(consolidate=True, consolidate_after_s=10, tick_s=1, movable_fraction=0.0)
+    tl = timeline(cluster(2, 1), SpreadPolicy(), arrivals, options, end=1000)
+    assert tl.started[1] == 500.0 and tl.hooks.evictions == 0
+
+
+@pytest.mark.parametrize("leave_room", [False, True])
+def test_leaving_room_sends_a_whole_gpu_pod_where_it_breaks_no_waiting_pair(leave_room):
+    # n0 has 2 GPUs, n1 one. 0: X takes n1 (binpack: the fuller node), leaves at 2.5. 1: Y takes n0's GPU 0.
+    # 2: the pair waits (n0 has one free GPU). 3: Z, a whole GPU: binpack alone takes n0's GPU 1 (the
+    # first of two equal nodes), and the pair waits until Z leaves at 503; leaving room, Z takes n1 (a
+    # 1-GPU node is no room for a pair) and the pair runs when Y leaves at 101.
+    arrivals = [Arrival(0, 4, 2.5), Arrival(1, 4, 100), Arrival(2, 1, 100), Arrival(3, 4, 500)]
+    r = timeline(cluster(2, 1), BinpackPolicy(), arrivals, RemedyOptions(leave_room=leave_room), end=1000)
+    assert r.where == {} and r.started[:3] == [0.0, 1.0, 101.0 if leave_room else 503.0]
+
+
+def test_remedies_off_change_nothing_and_leave_room_on_a_quiet_cluster_changes_nothing():
+    arrivals = [Arrival(t * 7.0, k % 4, 50.0) for t, k in enumerate(range(200))]
+    base = simulate_timeline(cluster(2, 4, 8), BinpackPolicy(), arrivals, 0.0, 2000.0)
+    same = simulate_with_remedies(
+        cluster(2, 4, 8), BinpackPolicy(), arrivals, 0.0, 2000.0, RemedyOptions(leave_room=True, reserve=True)
+    )
+    assert same.classes == base.classes and same.alloc_pct == pytest.approx(base.alloc_pct)
+
+
+def test_cli_switches_and_bad_knobs():
+    args = parse_args(["--yaml", "x.yaml", "--reserve", "on", "--consolidate", "off", "--max-moves", "3"])
+    assert args.remedies.reserve and not args.remedies.consolidate and args.remedies.max_moves == 3
+    assert not args.remedies.leave_room
+    with pytest.raises(SystemExit):
+        parse_args(["--yaml", "x.yaml", "--reserve", "maybe"])
+    with pytest.raises(SystemExit):
+        parse_args(["--yaml", "x.yaml", "--movable-fraction", "2"])
+
+
+def test_cli_json_carries_evictions_per_1000_placed_in_mean_and_every_seed(capsys):
+    example = Path(engine.__file__).parent / "examples" / "inference-cluster.yaml"
+    argv = ["timeline", "--yaml", str(example), "--days", "1", "--warmup-days", "0.25", "--rho", "1.2"]
+    assert cli.main([*argv, "--seeds", "2", "--json"]) == 0
+    off = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert off["mean"]["evictions_per_1000_placed"] == 0.0
+    on = ["--leave-room", "on", "--reserve", "on", "--consolidate", "on", "--movable-fraction", "1"]
+    assert cli.main([*argv, "--seeds", "2", "--json", *on]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for entry in [doc["mean"], *doc["seeds"]]:
+        assert entry["evictions_per_1000_placed"] >= 0
+    assert doc["mean"]["evictions_per_1000_placed"] == pytest.approx(
+        sum(s["evictions_per_1000_placed"] for s in doc["seeds"]) / 2, abs=0.002
+    )
