@@ -12,7 +12,6 @@ from share_core.config import add_config_arg
 from share_core.config import parse_args
 from share_core.config import start_logging
 from share_core.contract import EXTENDER_DEFAULT_PORT
-from share_core.contract import SCHEDULER_NAME
 from share_core.contract import MemoryUnit
 from share_placement import POLICIES
 from share_scheduler.binder import BIND_EVENTS
@@ -75,40 +74,71 @@ def serve(a: argparse.Namespace) -> None:
 
 
 def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) -> None:
-    """Reservations and consolidation for pods that waited too long (share_scheduler.starvation)."""
+    """Reservations and consolidation for pods that waited too long (share_scheduler.starvation); the
+    defaults are share-sim's (StarvationConfig)."""
+    c = StarvationConfig()
     p.add_argument(
         "--reservations",
         action=argparse.BooleanOptionalAction,
-        default=d(True),
+        default=d(c.reserve),
         help="hold GPU room for pods that waited too long (the leader only; default on)",
     )
     p.add_argument(
-        "--reserve-after", type=float, default=d(300.0), help="seconds a pod waits before it gets a reservation"
+        "--reserve-after",
+        type=float,
+        default=d(c.wait_threshold),
+        help=f"seconds a pod waits before it gets a reservation or a consolidation (default {c.wait_threshold:g})",
     )
-    p.add_argument("--max-reservations", type=int, default=d(4), help="pods holding room at once (default 4)")
+    p.add_argument(
+        "--max-reservations",
+        type=int,
+        default=d(c.max_reservations),
+        help=f"reservations at once, cluster-wide (default {c.max_reservations})",
+    )
     p.add_argument(
         "--reservation-share",
         type=float,
-        default=d(0.25),
-        help="the share of the cluster's GPU memory holds may take at most (default 0.25)",
+        default=d(c.max_share),
+        help=f"the share of the cluster's GPU memory reservations may take together (default {c.max_share:g})",
     )
-    p.add_argument("--hold-seconds", type=float, default=d(600.0), help="how long one hold lasts (default 600)")
     p.add_argument(
-        "--starvation-period", type=float, default=d(10.0), help="seconds between two passes of the loop (default 10)"
+        "--hold-seconds",
+        type=float,
+        default=d(c.hold_seconds),
+        help=f"how long one hold lasts (default {c.hold_seconds:g})",
     )
-    p.add_argument("--scheduler-name", default=d(SCHEDULER_NAME), help="the profile whose waiting pods are weighed")
+    p.add_argument(
+        "--remedy-min-gpus",
+        type=int,
+        default=d(c.min_gpus),
+        help=f"pods asking at least this many GPUs get reservations and consolidation (default {c.min_gpus})",
+    )
+    p.add_argument(
+        "--starvation-period",
+        type=float,
+        default=d(c.period),
+        help=f"seconds between two passes of the loop (default {c.period:g})",
+    )
+    p.add_argument("--scheduler-name", default=d(c.scheduler), help="the profile whose waiting pods are weighed")
     p.add_argument(
         "--consolidation",
         action=argparse.BooleanOptionalAction,
-        default=d(False),
-        help="evict pods that may move (a controller recreates them) so that a waiting pod whose room is split "
-        "over GPUs fits, through the Eviction API (PodDisruptionBudgets honoured); default off",
+        default=d(c.consolidate),
+        help="evict pods that may move (a controller recreates them) so that a waiting pod fits, through the "
+        "Eviction API (PodDisruptionBudgets honoured), only when the policy places every moved pod again; "
+        "default off",
     )
     p.add_argument(
-        "--consolidation-max-moves", type=int, default=d(2), help="pods one consolidation may evict (default 2)"
+        "--consolidation-max-moves",
+        type=int,
+        default=d(c.max_moves),
+        help=f"pods one consolidation may evict (default {c.max_moves})",
     )
     p.add_argument(
-        "--evictions-per-minute", type=int, default=d(6), help="consolidation's evictions a minute at most (default 6)"
+        "--evictions-per-minute",
+        type=int,
+        default=d(c.evictions_per_minute),
+        help=f"consolidation's evictions a minute at most (default {c.evictions_per_minute})",
     )
 
 
@@ -121,6 +151,7 @@ def starvation_config(a: argparse.Namespace) -> StarvationConfig:
         hold_seconds=a.hold_seconds,
         period=a.starvation_period,
         scheduler=a.scheduler_name,
+        min_gpus=a.remedy_min_gpus,
         consolidate=a.consolidation,
         max_moves=a.consolidation_max_moves,
         evictions_per_minute=a.evictions_per_minute,

@@ -1,23 +1,26 @@
 """No big pod starved: the leader's loop that gives pods which waited too long their room.
 
-Every `period` seconds, on the leader only (share_scheduler.leader), once the cache is synced:
+The decisions are share_placement.starvation's, the very functions share-sim's timeline runs
+(plan_reservations, plan_consolidation); this is their imperative shell. Every `period` seconds, on the
+leader only (share_scheduler.leader), once the cache is synced, for the pods of our profile asking at
+least `min_gpus` GPUs that have waited `wait_threshold` seconds (their age from creationTimestamp),
+highest priority then longest wait first:
 
-- **Reservations.** The pods of our profile that have waited at least `wait_threshold` seconds (their
-  age from creationTimestamp), by priority then age, at most `max_reservations` at a time: each gets the
-  GPUs where it will fit soonest (fewest GPUs short, then the least memory to drain, on a node whose
-  static filters admit it), held against pods of the same or lower priority (HoldKind.RESERVATION) for
-  `hold_seconds`. The hold goes into the HoldBook first, then into the pod's `gpushare.io/holds`
-  annotation, so a restarted extender or the other replica rebuilds it; it is released when the pod is
-  bound or deleted (the book sees that in the pod watch) or when it expires.
-- **Consolidation** (opt-in). A waiting pod that fits nowhere although the room exists, split over GPUs:
-  at most `max_moves` pods that may move (a controller recreates them: `movable`) are evicted through the
-  Eviction API (a PodDisruptionBudget's 429 is honoured: the plan stops and that pod is left alone for
-  `refusal_cooldown`), only when the policy places every moved pod again on a copy of the cluster; the
-  waiting pod's GPUs and each moved pod's new GPUs are held (HoldKind.CONSOLIDATION; a moved pod's hold
-  names its controller, so its replacement may use it). At most `evictions_per_minute`.
+- **Consolidation** (opt-in), when the pod fits nowhere now: at most `max_moves` pods that may move
+  (`movable`: a controller recreates them; never one that outranks the waiting pod) are evicted through
+  the Eviction API, only when the policy places every moved pod again on the cluster as the plan leaves
+  it. A PodDisruptionBudget's 429 is honoured: the plan stops there and that pod is left alone for
+  `refusal_cooldown`. The waiting pod's GPUs and each moved pod's new GPUs are held
+  (HoldKind.CONSOLIDATION; a moved pod's hold names its controller, so its replacement may use it). At
+  most `evictions_per_minute`.
+- **Reservations** otherwise: the GPUs where the pod will fit soonest (fewest GPUs short, then the least
+  memory to drain, one reservation per node, on a node whose static filters admit it), held against pods
+  of the same or lower priority (HoldKind.RESERVATION) for `hold_seconds`.
 
-Never a deadlock: holds are bounded in count and in `max_share` of the cluster's GPU memory, expire on
-their own, and every other node stays free for the small pods.
+A hold goes into the HoldBook first, then into the pod's `gpushare.io/holds` annotation, so a restarted
+extender or the other replica rebuilds it; it goes when the pod is bound or deleted (the book sees that
+in the pod watch) or when it expires. Never a deadlock: reservations are bounded in count
+(`max_reservations`) and in `max_share` of the cluster's GPU memory, one a node, and expire on their own.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from typing import Any
 
 from share_core.assignment import parse_assignment
@@ -56,17 +60,18 @@ from share_core.request import pod_request
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import Policy
+from share_placement.starvation import ConsolidationPlan
+from share_placement.starvation import ReservationLimits
+from share_placement.starvation import Resident
+from share_placement.starvation import Waiter
+from share_placement.starvation import held_total
+from share_placement.starvation import plan_consolidation
+from share_placement.starvation import plan_reservations
+from share_placement.starvation import queue_order
+from share_placement.starvation import shortfall
 from share_scheduler.cache import ClusterCache
 from share_scheduler.holds import Asker
-from share_scheduler.starvation_rules import ConsolidationPlan
-from share_scheduler.starvation_rules import Movable
-from share_scheduler.starvation_rules import Spot
-from share_scheduler.starvation_rules import node_refuses
-from share_scheduler.starvation_rules import plan_consolidation
-from share_scheduler.starvation_rules import reservation_order
-from share_scheduler.starvation_rules import soonest_spots
-from share_scheduler.starvation_rules import starving
-from share_scheduler.starvation_rules import within_budget
+from share_scheduler.static_filters import node_refuses
 from share_scheduler.waiting import WaitingPod
 
 log = logging.getLogger(__name__)
@@ -77,30 +82,36 @@ NODES_WEIGHED = 8  # nodes read from the API per decision to check the pod's sta
 MY_KINDS = (HoldKind.RESERVATION, HoldKind.CONSOLIDATION)
 
 
+_SIM = ReservationLimits()  # share-sim's defaults: the extender's too (one set of rules)
+
+
 @dataclass(frozen=True, slots=True)
 class StarvationConfig:
-    """The loop's knobs (the chart's `starvation` and `consolidation` values; CLI flags of share-scheduler)."""
+    """The loop's knobs (the chart's `reservations` and `consolidation` values; share-scheduler's flags).
+    The defaults are share-sim's (share_placement.starvation.ReservationLimits, sim/remedies.py)."""
 
     reserve: bool = True
-    wait_threshold: float = 300.0  # seconds a pod waits before it gets a reservation
-    max_reservations: int = 4  # pods holding room at once (reservations and consolidations)
-    max_share: float = 0.25  # of the cluster's GPU memory that holds may take at most
-    hold_seconds: float = 600.0  # how long one hold lasts (a pod still waiting then gets a new one)
+    wait_threshold: float = _SIM.after_s  # seconds a pod waits before it gets a reservation (or a consolidation)
+    max_reservations: int = _SIM.max_holds  # reservations at once, cluster-wide
+    max_share: float = _SIM.max_share  # of the cluster's GPU memory reservations may take together
+    hold_seconds: float = _SIM.ttl_s  # how long one hold lasts (a pod still waiting then gets a new one)
     period: float = 10.0  # seconds between two passes
     scheduler: str = SCHEDULER_NAME  # the profile whose pods are weighed
+    min_gpus: int = 2  # pods asking at least this many GPUs get room (share-sim's --remedy-min-gpus)
     consolidate: bool = False
     max_moves: int = 2  # pods one consolidation may evict
-    evictions_per_minute: int = 6
-    refusal_cooldown: float = 300.0  # seconds a pod whose eviction was refused (its PDB) is left alone
+    evictions_per_minute: int = 2
+    refusal_cooldown: float = 600.0  # seconds before a pod is weighed again / a refused pod may be moved again
 
-    def check(self) -> None:
-        """ValueError naming the first knob out of range."""
-        if self.wait_threshold < 0 or self.hold_seconds <= 0 or self.period <= 0:
-            raise ValueError("wait threshold must be >= 0, hold seconds and period > 0")
-        if self.max_reservations < 0 or self.max_moves < 0 or self.evictions_per_minute < 0:
-            raise ValueError("max reservations, max moves and evictions per minute must be >= 0")
+    def check(self) -> ReservationLimits:
+        """The rules' limits; ValueError naming the first knob out of range."""
+        if self.period <= 0 or self.min_gpus < 1:
+            raise ValueError("the starvation period must be > 0 and min GPUs >= 1")
+        if self.max_moves < 0 or self.evictions_per_minute < 0 or self.refusal_cooldown < 0:
+            raise ValueError("max moves, evictions per minute and the refusal cooldown must be >= 0")
         if not 0 <= self.max_share <= 1:
             raise ValueError(f"max share must be between 0 and 1, got {self.max_share}")
+        return ReservationLimits(self.wait_threshold, self.max_reservations, self.max_share, self.hold_seconds)
 
 
 def movable(pod: Mapping[str, Any]) -> bool:
@@ -117,10 +128,9 @@ def movable(pod: Mapping[str, Any]) -> bool:
     return False
 
 
-def movable_record(pod: Mapping[str, Any]) -> Movable | None:
-    """A bound pod with a GPU assignment that may move, as the planner weighs it; None otherwise."""
-    if not movable(pod):
-        return None
+def resident(pod: Mapping[str, Any]) -> Resident | None:
+    """A bound pod with a GPU assignment, as the consolidation rules weigh it (movable per `movable`);
+    None for anything else."""
     meta = pod.get("metadata") or {}
     try:
         assignment = parse_assignment(meta.get("annotations") or {})
@@ -128,18 +138,17 @@ def movable_record(pod: Mapping[str, Any]) -> Movable | None:
     except (InvalidRequest, ValueError):
         return None
     node = str((pod.get("spec") or {}).get("nodeName") or "")
-    if assignment is None or request is None or not node:
+    if assignment is None or request is None or not node or pod_is_terminating(pod):
         return None
     host = pod_host_request(pod)
-    return Movable(
-        key=f"{meta.get('namespace', 'default')}/{meta.get('name', '')}",
+    return Resident(
         uid=str(meta.get("uid") or ""),
-        owner_uid=pod_controller_uid(pod),
+        name=f"{meta.get('namespace', 'default')}/{meta.get('name', '')}",
         node=node,
         gpus=tuple(assignment.gpu_indices),
-        per_gpu=assignment.per_gpu,
-        priority=pod_priority(pod),
-        demand=Demand(request.per_gpu, request.gpu_count, request.models, host.cpu, host.memory),
+        demand=Demand(assignment.per_gpu, len(assignment.gpu_indices), request.models, host.cpu, host.memory),
+        movable=movable(pod),
+        owner_uid=pod_controller_uid(pod),
     )
 
 
@@ -207,7 +216,7 @@ class Starvation:
         metrics: StarvationMetrics | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        config.check()
+        self.limits = config.check()
         self.kube = kube
         self.cache = cache
         self.policy = policy
@@ -219,6 +228,7 @@ class Starvation:
         self._clock = clock
         self.rate = EvictionRate(config.evictions_per_minute)
         self._refused: dict[str, float] = {}  # pod key -> until when consolidation leaves it alone
+        self._tried: dict[str, float] = {}  # waiting pod uid -> when consolidation last weighed it
         self._told: dict[str, str] = {}  # waiting pod key -> the last refusal it was told (one Event each)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -246,6 +256,20 @@ class Starvation:
 
     # -- one pass -----------------------------------------------------------------------------------
 
+    def _waiters(self, now: float) -> dict[str, tuple[Waiter, WaitingPod]]:
+        """uid -> (the rules' Waiter, the cache's record) for our profile's pods past the threshold."""
+        out = {}
+        for pod in self.cache.waiting.pods():
+            if (
+                pod.scheduler != self.config.scheduler
+                or not pod.created
+                or pod.demand.count < self.config.min_gpus
+                or pod.waited(now) < self.config.wait_threshold
+            ):
+                continue
+            out[pod.uid] = (Waiter(pod.uid, pod.key, pod.priority, pod.created, pod.demand), pod)
+        return out
+
     def run_once(self) -> PassReport:
         report = PassReport()
         if not self.is_leader():
@@ -256,42 +280,26 @@ class Starvation:
             return report
         self.passes += 1
         now = self._clock()
-        waiting = starving(self.cache.waiting.pods(), now, self.config.wait_threshold, self.config.scheduler)
+        waiting = self._waiters(now)
         report.starving = len(waiting)
-        mine = [(key, h) for key, h in self.cache.holds.holds() if h.kind in MY_KINDS]
-        holding = {h.holder_uid for _, h in mine}
-        slots = self.config.max_reservations - len({key for key, _ in mine})
-        for pod in reservation_order(waiting):
-            if slots <= 0:
-                break
-            if pod.uid in holding:
+        holding = {h.holder_uid for _, h in self.cache.holds.holds() if h.kind in MY_KINDS}
+        for waiter in queue_order(w for w, _ in waiting.values()):
+            if waiter.uid in holding:
                 continue
             if not self.is_leader():
                 report.skipped = "lost the lead mid-pass"
                 break
-            if self._serve(pod, now, report):
-                slots -= 1
+            self._serve(waiting[waiter.uid][1], waiter, now, report)
         return report
 
-    def _held_units(self) -> int:
-        return sum(h.per_gpu * len(h.gpus) for _, h in self.cache.holds.holds() if h.kind in MY_KINDS)
+    def _cluster_units(self, states: Mapping[str, NodeState]) -> int:
+        return sum(g.total for n in states.values() for g in n.gpus if g.healthy)
 
-    def _cluster_units(self) -> int:
-        total = 0
-        for _, snap in self.cache.entries(self.cache.node_names()):
-            if snap is not None:
-                total += sum(g.memory for g in snap.gpus if g.healthy)
-        return total
+    def _states(self) -> dict[str, NodeState]:
+        """Every node as the cache has it (holds apart: the rules weigh them themselves)."""
+        return {name: snap.state for name, snap in self.cache.entries(self.cache.node_names()) if snap is not None}
 
-    def _states_for(self, pod: WaitingPod) -> dict[str, NodeState]:
-        """Every node as `pod` sees it: holds for other pods that apply to it count as taken."""
-        asker = Asker(pod.uid, pod.priority, pod.owner_uid)
-        held = self.cache.holds.against(asker) if self.cache.holds.active else {}
-        return {
-            name: snap.state for name, snap in self.cache.entries(self.cache.node_names(), held) if snap is not None
-        }
-
-    def _serve(self, pod: WaitingPod, now: float, report: PassReport) -> bool:
+    def _serve(self, pod: WaitingPod, waiter: Waiter, now: float, report: PassReport) -> bool:
         """Give `pod` room: a consolidation where one is allowed and needed, else a reservation. True if
         something is now held for it."""
         try:
@@ -304,75 +312,78 @@ class Starvation:
         meta = full.get("metadata") or {}
         if meta.get("uid") != pod.uid or (full.get("spec") or {}).get("nodeName") or pod_is_terminating(full):
             return False  # bound, deleted or replaced since the watch told us
-        states = self._states_for(pod)
-        if self.config.consolidate and self._consolidate(pod, full, states, now, report):
+        states = {n: s for n, s in self._states().items() if self._host_could_fit(n, pod.demand)}
+        if self.config.consolidate and self._consolidate(pod, waiter, full, states, now, report):
             return True
         if self.config.reserve:
-            return self._reserve(pod, full, states, now, report)
+            return self._reserve(pod, waiter, full, states, now, report)
         return False
 
     # -- reservations -------------------------------------------------------------------------------
 
-    def _admitting(self, pod: Mapping[str, Any], spots: list[Spot]) -> Spot | None:
-        """The first spot (soonest first) whose node the pod's static filters admit; at most NODES_WEIGHED reads."""
-        for spot in spots[:NODES_WEIGHED]:
-            try:
-                node = self.kube.get_node(spot.node)
-            except KubeError as exc:
-                log.debug("node %s: cannot read it: %s", spot.node, exc)
-                continue
-            why = node_refuses(pod, node)
-            if not why:
-                return spot
-            log.debug("pod %s: node %s left out of its reservation: %s", (pod.get("metadata") or {}).get("name"),
-                      spot.node, why)  # fmt: skip
-        return None
-
     def _reserve(
-        self, pod: WaitingPod, full: Mapping[str, Any], states: Mapping[str, NodeState], now: float, report: PassReport
+        self,
+        pod: WaitingPod,
+        waiter: Waiter,
+        full: Mapping[str, Any],
+        states: Mapping[str, NodeState],
+        now: float,
+        report: PassReport,
     ) -> bool:
-        demand = pod.demand
-        spots = [s for s in soonest_spots(demand, states.values()) if self._host_could_fit(s.node, demand)]
-        spot = self._admitting(full, spots)
-        if spot is None:
-            self.metrics.reservation("no_node")
-            log.info("pod %s waited %.0fs but no node could ever take it: no reservation", pod.key, pod.waited(now))
+        """share_placement.starvation.plan_reservations for this one pod, over the nodes its static filters
+        admit (the soonest node is read from the API and, when it refuses the pod, left out and the rules
+        asked again, at most NODES_WEIGHED times)."""
+        live = [h for _, h in self.cache.holds.holds()]
+        capacity = self._cluster_units(self._states())
+        reservations = [h for h in live if h.kind is HoldKind.RESERVATION]
+        if len(reservations) >= self.limits.max_holds:
+            self.metrics.reservation("at_limit")
             return False
-        units = demand.per_gpu * len(spot.gpus)
-        if not within_budget(self._held_units(), units, self._cluster_units(), self.config.max_share):
+        if pod.units > self.limits.max_share * capacity - held_total(reservations):
             self.metrics.reservation("over_budget")
             log.info(
                 "pod %s waited %.0fs: holding %d more units would pass %.0f%% of the cluster's GPU memory; it waits",
                 pod.key,
                 pod.waited(now),
-                units,
-                100 * self.config.max_share,
+                pod.units,
+                100 * self.limits.max_share,
             )
             return False
-        hold = Hold(
-            HoldKind.RESERVATION,
-            spot.node,
-            spot.gpus,
-            demand.per_gpu,
-            pod.priority,
-            now + self.config.hold_seconds,
-            pod.uid,
-            pod.key,
-        )
+        left = dict(states)
+        for _ in range(NODES_WEIGHED):
+            planned = plan_reservations([waiter], list(left.values()), live, now, self.limits, capacity)
+            if not planned:
+                break
+            hold = planned[0]
+            why = self._node_refuses(full, hold.node)
+            if why:
+                log.debug("pod %s: node %s left out of its reservation: %s", pod.key, hold.node, why)
+                del left[hold.node]
+                continue
+            return self._made(pod, hold, states[hold.node], now, report)
+        self.metrics.reservation("no_node")
+        log.info("pod %s waited %.0fs but no node without a reservation could ever take it", pod.key, pod.waited(now))
+        return False
+
+    def _node_refuses(self, pod: Mapping[str, Any], node: str) -> str:
+        try:
+            return node_refuses(pod, self.kube.get_node(node))
+        except KubeError as exc:
+            return f"cannot read the node: {exc}"
+
+    def _made(self, pod: WaitingPod, hold: Hold, state: NodeState, now: float, report: PassReport) -> bool:
         if not self._write_holds(pod, [hold]):
             return False
         self.metrics.reservation("made")
         report.reserved.append(pod.key)
-        gpus = ",".join(map(str, spot.gpus))
-        short = (
-            "it fits there now"
-            if not spot.short_units
-            else f"{spot.short_units} {self.cache.unit.value} still to drain on {spot.short_gpus} GPU(s)"
-        )
+        unit = self.cache.unit.value
+        free = {g.index: g.free for g in state.gpus}
+        drain = sum(max(hold.per_gpu - free.get(g, 0), 0) for g in hold.gpus)
+        gpus = ",".join(map(str, hold.gpus))
         message = (
-            f"waited {pod.waited(now):.0f}s: {demand.per_gpu} {self.cache.unit.value} held on GPU {gpus} of node "
-            f"{spot.node} against pods of priority {pod.priority} or lower for {self.config.hold_seconds:.0f}s "
-            f"({short})"
+            f"waited {pod.waited(now):.0f}s: {hold.per_gpu} {unit} held on GPU {gpus} of node {hold.node} against "
+            f"pods of priority {pod.priority} or lower for {self.limits.ttl_s:.0f}s "
+            f"({f'{drain} {unit} still to drain there' if drain else 'it fits there now'})"
         )
         log.info("pod %s: %s", pod.key, message)
         self._event(pod.ref(), EVENT_RESERVED, message)
@@ -419,9 +430,11 @@ class Starvation:
         self._told[pod.key] = why
         self._event(pod.ref(), EVENT_CONSOLIDATION_REFUSED, f"no consolidation: {why}")
 
-    def _movable_on(self, nodes: list[str], now: float) -> dict[str, list[Movable]]:
-        """node -> its pods that may move, read from the API (the cache keeps no owners' kinds nor labels)."""
-        out: dict[str, list[Movable]] = {}
+    def _residents(self, nodes: list[str], priority: int, now: float) -> dict[str, list[Resident]]:
+        """node -> its GPU pods, read from the API (the cache keeps no owners' kinds nor labels): movable
+        when a controller recreates them, they do not outrank the waiting pod, and no eviction of theirs
+        was refused lately."""
+        out: dict[str, list[Resident]] = {}
         for name in nodes:
             try:
                 pods = self.kube.list_pods(field_selector=f"spec.nodeName={name}").items
@@ -430,95 +443,71 @@ class Starvation:
                 continue
             found = []
             for p in pods:
-                record = movable_record(p)
-                if record is not None and self._refused.get(record.key, 0.0) <= now:
-                    found.append(record)
-            if found:
-                out[name] = found
+                r = resident(p)
+                if r is None:
+                    continue
+                if r.movable and (pod_priority(p) > priority or self._refused.get(r.name, 0.0) > now):
+                    r = replace(r, movable=False)
+                found.append(r)
+            out[name] = found
         return out
 
     def _consolidate(
         self,
         pod: WaitingPod,
+        waiter: Waiter,
         full: Mapping[str, Any],
         states: Mapping[str, NodeState],
         now: float,
         report: PassReport,
     ) -> bool:
-        demand = pod.demand
-        # Only where the room exists on the node, split over its GPUs: nodes whose usable free memory sums
-        # to the pod's need, soonest first, whose static filters admit the pod.
-        spots = [s for s in soonest_spots(demand, states.values()) if self._host_could_fit(s.node, demand)]
-        if spots and not spots[0].short_units:
-            return False  # it fits now: kube-scheduler places it on its next try (a reservation keeps it)
-        split = [s for s in spots if self._split_room(states[s.node], demand)]
-        if not split:
-            self._refuse(pod, "its room is not on any one node (a reservation waits for it to drain)")
+        """share_placement.starvation.plan_consolidation over the cluster as the pod sees it (holds for
+        others taken), on candidate nodes whose static filters admit it, executed through the Eviction API."""
+        if now - self._tried.get(pod.uid, -1e18) < self.config.refusal_cooldown:
             return False
-        candidates = []
-        for spot in split[:NODES_WEIGHED]:
-            try:
-                node = self.kube.get_node(spot.node)
-            except KubeError:
-                continue
-            if not node_refuses(full, node):
-                candidates.append(spot.node)
-        movable_pods = self._movable_on(candidates, now)
-        if not movable_pods:
+        asker = Asker(pod.uid, pod.priority, pod.owner_uid)
+        held = self.cache.holds.against(asker) if self.cache.holds.active else {}
+        shorts = [sf for n in states.values() if (sf := shortfall(n, pod.demand, held.get(n.name))) is not None]
+        if not shorts or any(sf.short == 0 for sf in shorts):
+            return False  # it fits now (kube-scheduler places it on its next try), or can never fit
+        self._tried[pod.uid] = now
+        shorts.sort(key=lambda sf: sf.key)
+        candidates = [sf.node for sf in shorts if sf.short <= self.config.max_moves][:NODES_WEIGHED]
+        candidates = [n for n in candidates if not self._node_refuses(full, n)]
+        residents = self._residents(candidates, pod.priority, now)
+        if not any(r.movable for rs in residents.values() for r in rs):
             self._refuse(pod, "no pod on the nodes that could make room may move (bare pods never move)")
             self.metrics.consolidation("refused")
             return False
-        with self.policy_lock:
-            plan, why = plan_consolidation(
-                self.policy, demand, pod.priority, states, movable_pods, self.config.max_moves
-            )
-        if plan is None:
-            self._refuse(pod, why)
-            self.metrics.consolidation("refused")
-            return False
-        if self.rate.available() < len(plan.moves):
+        tokens = self.rate.available()
+        if tokens < 1:
             self.metrics.consolidation("rate_limited")
             log.info("pod %s: consolidation waits: at most %d evictions a minute", pod.key,
                      self.config.evictions_per_minute)  # fmt: skip
             return False
-        units = demand.per_gpu * len(plan.gpus) + plan.moved_units
-        if not within_budget(self._held_units(), units, self._cluster_units(), self.config.max_share):
-            self.metrics.consolidation("over_budget")
+        with self.policy_lock:
+            plan = plan_consolidation(
+                waiter,
+                list(states.values()),
+                residents,
+                policy=self.policy,
+                max_moves=min(self.config.max_moves, tokens),
+                held=held,
+            )
+        if plan is None:
+            self._refuse(pod, "the policy would not place every moved pod again")
+            self.metrics.consolidation("refused")
             return False
         return self._execute(pod, plan, now, report)
 
-    @staticmethod
-    def _split_room(state: NodeState, demand: Demand) -> bool:
-        """The node's usable GPUs have the room in all, just not on `count` of them."""
-        usable = [g for g in state.gpus if g.healthy and g.total >= demand.per_gpu]
-        return sum(g.free for g in usable) >= demand.per_gpu * demand.count
-
     def _execute(self, pod: WaitingPod, plan: ConsolidationPlan, now: float, report: PassReport) -> bool:
-        expires = now + self.config.hold_seconds
         unit = self.cache.unit.value
-        mine = Hold(
-            HoldKind.CONSOLIDATION, plan.node, plan.gpus, pod.demand.per_gpu, pod.priority, expires, pod.uid, pod.key
-        )
-        theirs = [
-            Hold(
-                HoldKind.CONSOLIDATION,
-                m.node,
-                m.gpus,
-                m.pod.demand.per_gpu,
-                m.pod.priority,
-                expires,
-                m.pod.uid,
-                m.pod.key,
-                m.pod.owner_uid,
-            )
-            for m in plan.moves
-        ]
-        if not self._write_holds(pod, [mine, *theirs]):
+        if not self._write_holds(pod, plan.holds(now, self.limits.ttl_s)):
             return False
         self.metrics.consolidation("started")
         report.consolidated.append(pod.key)
         gpus = ",".join(map(str, plan.gpus))
-        moves = "; ".join(f"{m.pod.key} to node {m.node} GPU {','.join(map(str, m.gpus))}" for m in plan.moves)
+        moves = "; ".join(f"{m.pod.name} to node {m.node} GPU {','.join(map(str, m.gpus))}" for m in plan.moves)
         self._event(
             pod.ref(),
             EVENT_CONSOLIDATING,
@@ -526,7 +515,7 @@ class Starvation:
         )
         log.info("pod %s: consolidation on node %s GPU %s: %s", pod.key, plan.node, gpus, moves)
         for i, move in enumerate(plan.moves):
-            namespace, _, name = move.pod.key.partition("/")
+            namespace, _, name = move.pod.name.partition("/")
             ref = {"metadata": {"name": name, "namespace": namespace, "uid": move.pod.uid}}
             if not self.is_leader():
                 self._abandon(pod, plan, i, "lost the lead")
@@ -539,18 +528,19 @@ class Starvation:
             except KubeError as exc:
                 if exc.status == 429:
                     self.metrics.eviction("refused")
-                    self._refused[move.pod.key] = now + self.config.refusal_cooldown
-                    report.refused.append(move.pod.key)
+                    self._refused[move.pod.name] = now + self.config.refusal_cooldown
+                    self._tried.pop(pod.uid, None)  # another pod may move for it at the next pass
+                    report.refused.append(move.pod.name)
                     why = f"its eviction was refused (a PodDisruptionBudget allows no disruption now): {exc}"
                     self._event(ref, EVENT_CONSOLIDATION_REFUSED, f"not moved for {pod.key}: {why}", "Warning")
-                    self._refuse(pod, f"pod {move.pod.key}: {why}")
+                    self._refuse(pod, f"pod {move.pod.name}: {why}")
                 else:
                     self.metrics.eviction("failed")
-                    log.warning("pod %s: eviction for %s failed: %s", move.pod.key, pod.key, exc)
-                self._abandon(pod, plan, i, f"evicting {move.pod.key} failed")
+                    log.warning("pod %s: eviction for %s failed: %s", move.pod.name, pod.key, exc)
+                self._abandon(pod, plan, i, f"evicting {move.pod.name} failed")
                 return True
             self.metrics.eviction("evicted")
-            report.evicted.append(move.pod.key)
+            report.evicted.append(move.pod.name)
             self._event(
                 ref,
                 EVENT_CONSOLIDATION_EVICTED,
@@ -558,7 +548,7 @@ class Starvation:
                 f"each); its replacement is held {move.pod.demand.per_gpu} {unit} on GPU "
                 f"{','.join(map(str, move.gpus))} of node {move.node}",
             )
-            log.info("pod %s evicted for %s (consolidation); its replacement goes to node %s", move.pod.key,
+            log.info("pod %s evicted for %s (consolidation); its replacement goes to node %s", move.pod.name,
                      pod.key, move.node)  # fmt: skip
         return True
 

@@ -58,7 +58,18 @@ from tests.kubelet import set_pod_phase
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 SCHEDULER = "gpushare-starvation"
-FAST = ["--reserve-after", "3", "--starvation-period", "1", "--hold-seconds", "120", "--reservation-share", "0.5"]
+FAST = [
+    "--remedy-min-gpus",
+    "1",
+    "--reserve-after",
+    "3",
+    "--starvation-period",
+    "1",
+    "--hold-seconds",
+    "120",
+    "--reservation-share",
+    "0.5",
+]
 _ids = itertools.count()
 
 
@@ -159,10 +170,12 @@ def admin(plane: ControlPlane) -> ApiServerClient:
 
 @pytest.fixture
 def ns(admin: ApiServerClient) -> Iterator[str]:
-    """A namespace and node-name prefix of the test's own; its nodes are removed afterwards."""
+    """A namespace and node-name prefix of the test's own; its pods and nodes are removed afterwards."""
     name = f"starve-{next(_ids)}"
     admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
     yield name
+    # Its pods go (a pod left waiting would be weighed by the next test's extender).
+    admin.request("DELETE", f"/api/v1/namespaces/{name}/pods", query={"gracePeriodSeconds": 0})
     for node in admin.list_nodes().items:
         if node["metadata"]["name"].startswith(name):
             admin.request("DELETE", f"/api/v1/nodes/{node['metadata']['name']}")

@@ -173,6 +173,7 @@ dra: true
 # Pods that waited too long: reservations and consolidation (docs/operations.md).
 reservations: {{ $r.enabled }}
 reserveAfter: {{ $r.waitSeconds }}
+remedyMinGpus: {{ $r.minGpus }}
 maxReservations: {{ $r.maxPods }}
 reservationShare: {{ $r.maxShare }}
 holdSeconds: {{ $r.holdSeconds }}

@@ -241,10 +241,27 @@ def test_only_consolidation_may_evict(default_docs: list[Obj], all_docs: list[Ob
 
 def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs: list[Obj]) -> None:
     default = extender_args(default_docs)
-    assert (default.reservations, default.reserve_after, default.max_reservations) == (True, 300, 4)
-    assert (default.reservation_share, default.hold_seconds, default.consolidation) == (0.25, 600, False)
+    from share_scheduler.starvation import StarvationConfig
+
+    config = StarvationConfig()  # the chart's defaults are the extender's, which are share-sim's
+    assert (default.reservations, default.reserve_after, default.max_reservations) == (
+        True,
+        config.wait_threshold,
+        config.max_reservations,
+    )
+    assert (default.reservation_share, default.hold_seconds, default.consolidation) == (
+        config.max_share,
+        config.hold_seconds,
+        False,
+    )
+    assert (default.remedy_min_gpus, default.evictions_per_minute) == (config.min_gpus, config.evictions_per_minute)
     every = extender_args(all_docs)
-    assert (every.reservations, every.reserve_after, every.max_reservations) == (False, 120, 2)
+    assert (every.reservations, every.reserve_after, every.max_reservations, every.remedy_min_gpus) == (
+        False,
+        120,
+        2,
+        1,
+    )
     assert (every.reservation_share, every.hold_seconds) == (0.1, 300)
     assert (every.consolidation, every.consolidation_max_moves, every.evictions_per_minute) == (True, 1, 3)
 

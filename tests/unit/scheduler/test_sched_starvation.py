@@ -4,7 +4,6 @@ the pure rules behind them (share_scheduler.starvation_rules)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from datetime import UTC
 from datetime import datetime
 
@@ -20,19 +19,10 @@ from share_core.holds import HoldKind
 from share_core.holds import parse_holds
 from share_core.kube import Unavailable
 from share_placement import Demand
-from share_placement import GpuSlot
-from share_placement import NodeState
-from share_placement import make_policy
 from share_scheduler.starvation import EvictionRate
 from share_scheduler.starvation import StarvationConfig
 from share_scheduler.starvation import movable
-from share_scheduler.starvation_rules import Movable
-from share_scheduler.starvation_rules import node_refuses
-from share_scheduler.starvation_rules import plan_consolidation
-from share_scheduler.starvation_rules import reservation_order
-from share_scheduler.starvation_rules import soonest_spots
-from share_scheduler.starvation_rules import starving
-from share_scheduler.starvation_rules import within_budget
+from share_scheduler.static_filters import node_refuses
 from share_scheduler.waiting import CLASS_MULTI
 from share_scheduler.waiting import CLASS_SHARE
 from share_scheduler.waiting import CLASS_WHOLE
@@ -62,7 +52,7 @@ def owned(pod, kind="ReplicaSet", uid="rs-1"):
     return pod
 
 
-CONFIG = StarvationConfig(wait_threshold=60, period=3600, hold_seconds=120, max_share=0.5)
+CONFIG = StarvationConfig(wait_threshold=60, period=3600, hold_seconds=120, max_share=0.5, min_gpus=1)
 
 
 def loop_of(ext):
@@ -83,12 +73,7 @@ def holds_on(kube, name):
     return parse_holds(text) if text else []
 
 
-# -- the pure rules -------------------------------------------------------------------------------
-
-
-def state(name, *gpus):
-    """gpus: (total, free) per GPU."""
-    return NodeState(name, tuple(GpuSlot(i, "NVIDIA A100", t, f) for i, (t, f) in enumerate(gpus)))
+# -- what the loop reads (the decisions are share_placement.starvation's: tests/unit/placement) -----
 
 
 def test_waiting_pod_reads_age_priority_and_demand():
@@ -109,40 +94,6 @@ def test_wait_classes():
     assert wait_class(Demand(4), 16) == CLASS_SHARE
     assert wait_class(Demand(16), 16) == CLASS_WHOLE
     assert wait_class(Demand(8, count=2), 16) == CLASS_MULTI
-
-
-def test_starving_and_order_by_priority_then_age():
-    now = time.time()
-    pods = [
-        waiting_pod(aged(make_pod("young", 4), 10)),
-        waiting_pod(aged(make_pod("old", 4), 500)),
-        waiting_pod(aged(make_pod("older", 4), 900)),
-        waiting_pod(aged(make_pod("urgent", 4), 100, priority=100)),
-    ]
-    other = waiting_pod(aged(make_pod("theirs", 4), 900))
-    other = replace(other, scheduler="default-scheduler")
-    late = starving([*pods, other], now, 60, "gpushare-scheduler")
-    assert [p.name for p in reservation_order(late)] == ["urgent", "older", "old"]
-
-
-def test_soonest_spot_is_the_fewest_gpus_short_then_the_least_to_drain():
-    nodes = [
-        state("a", (16, 4), (16, 16)),  # one GPU short of 12
-        state("b", (16, 10), (16, 10)),  # two short of 6 each
-        state("c", (16, 8), (16, 14)),  # for count 1: GPU 1 short of 2
-        state("small", (8, 8)),  # never: too small a GPU
-    ]
-    spots = soonest_spots(Demand(16, count=2), nodes)
-    assert [(s.node, s.short_gpus, s.short_units) for s in spots] == [("a", 1, 12), ("c", 2, 10), ("b", 2, 12)]
-    one = soonest_spots(Demand(16), nodes)
-    assert (one[0].node, one[0].gpus, one[0].short_units) == ("a", (1,), 0)
-    assert "small" not in {s.node for s in one}
-
-
-def test_budget():
-    assert within_budget(0, 25, 100, 0.25)
-    assert not within_budget(10, 16, 100, 0.25)
-    assert not within_budget(0, 1, 100, 0.0)
 
 
 TIER_GPU = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]}]}]}
@@ -178,39 +129,6 @@ def test_node_refuses_as_kube_scheduler_static_filters(pod_spec, node_spec, labe
     assert (refused in why) if refused else why == ""
 
 
-def mover(name, node, gpus, per_gpu, priority=0, owner="rs-1"):
-    return Movable(f"default/{name}", f"uid-{name}", owner, node, gpus, per_gpu, priority, Demand(per_gpu))
-
-
-def test_plan_moves_the_fewest_pods_and_places_each_again():
-    policy = make_policy("binpack")
-    states = {"a": state("a", (16, 8), (16, 8)), "b": state("b", (16, 6))}
-    movable_pods = {"a": [mover("m0", "a", (0,), 8), mover("m1", "a", (1,), 8)]}
-    plan, why = plan_consolidation(policy, Demand(16), 0, states, movable_pods, max_moves=2)
-    assert plan is not None, why
-    assert plan.node == "a" and len(plan.moves) == 1
-    move = plan.moves[0]
-    # binpack puts the moved 8 on the other GPU of node a (its fullest fit), the waiting 16 on the freed one
-    assert (move.node, move.gpus) == ("a", tuple({0, 1} - set(plan.gpus)))
-
-
-def test_plan_refused_when_a_moved_pod_has_nowhere_to_go():
-    policy = make_policy("binpack")
-    states = {"a": state("a", (16, 8), (16, 4))}  # the moved 8 fits nowhere once the waiting 16 takes GPU 0
-    plan, why = plan_consolidation(policy, Demand(16), 0, states, {"a": [mover("m0", "a", (0,), 8)]}, max_moves=2)
-    assert plan is None and "place every moved pod again" in why
-
-
-def test_plan_never_moves_a_pod_that_outranks_the_waiting_one_nor_more_than_k():
-    policy = make_policy("binpack")
-    states = {"a": state("a", (16, 8), (16, 4)), "b": state("b", (16, 8))}
-    high = {"a": [mover("m0", "a", (0,), 8, priority=100)]}
-    assert plan_consolidation(policy, Demand(16), 0, states, high, 2)[0] is None
-    split = {"a": [mover(f"m{i}", "a", (0,), 2) for i in range(4)]}
-    assert plan_consolidation(policy, Demand(16), 0, states, split, 3)[0] is None
-    assert plan_consolidation(policy, Demand(16), 0, states, split, 4)[0] is not None
-
-
 def test_movable_needs_a_recreating_controller():
     assert movable(owned(make_pod("rs", 4, node="n")))
     assert movable(owned(make_pod("job", 4, node="n"), kind="Job"))
@@ -234,8 +152,10 @@ def test_eviction_rate_is_a_token_bucket():
 def test_config_refuses_out_of_range_knobs():
     with pytest.raises(ValueError, match="max share"):
         StarvationConfig(max_share=1.5).check()
-    with pytest.raises(ValueError, match="hold seconds"):
-        StarvationConfig(hold_seconds=0).check()
+    with pytest.raises(ValueError, match="ttl_s > 0"):
+        StarvationConfig(hold_seconds=0).check()  # share_placement.starvation.ReservationLimits says so
+    with pytest.raises(ValueError, match="min GPUs"):
+        StarvationConfig(min_gpus=0).check()
 
 
 # -- the loop over a FakeKube ---------------------------------------------------------------------
@@ -307,10 +227,12 @@ def test_reservations_are_bounded_in_count_and_share(kube, extender_factory):
     cluster(kube)
     for i, (age, prio) in enumerate(((300, 0), (200, 0), (100, 50))):
         kube.add_pod(aged(make_pod(f"big{i}", 16), age, priority=prio))
-    config = StarvationConfig(wait_threshold=60, period=3600, max_reservations=2, max_share=1.0)
+    config = StarvationConfig(wait_threshold=60, period=3600, max_reservations=2, max_share=1.0, min_gpus=1)
     ext = ready(extender_factory(starvation=config), "default/big0", "default/big1", "default/big2")
     assert loop_of(ext).run_once().reserved == ["default/big2", "default/big0"]  # priority, then age
-    assert loop_of(ext).run_once().reserved == []  # two at a time
+    assert loop_of(ext).run_once().reserved == []  # two at a time (and one a node)
+    # big1 met the limit in both passes
+    assert 'gpushare_reservations_total{outcome="at_limit"} 2.0' in ext.client.get("/metrics").get_data(as_text=True)
     # The share: 64 GiB in the cluster; 25% is 16, which one reservation takes.
     kube.delete_pod("default", "big2")
     kube.delete_pod("default", "big0")
@@ -321,7 +243,7 @@ def test_reservations_stop_at_the_share_of_cluster_memory(kube, extender_factory
     cluster(kube)
     kube.add_pod(aged(make_pod("big0", 16), 300))
     kube.add_pod(aged(make_pod("big1", 16), 200))
-    config = StarvationConfig(wait_threshold=60, period=3600, max_reservations=4, max_share=0.25)
+    config = StarvationConfig(wait_threshold=60, period=3600, max_reservations=4, max_share=0.25, min_gpus=1)
     ext = ready(extender_factory(starvation=config), "default/big0", "default/big1")
     assert loop_of(ext).run_once().reserved == ["default/big0"]  # 16 of 64 GiB: the share is spent
     text = ext.client.get("/metrics").get_data(as_text=True)
@@ -359,7 +281,7 @@ def test_a_pod_that_can_go_nowhere_gets_no_reservation(kube, extender_factory):
 # -- consolidation --------------------------------------------------------------------------------
 
 CONSOLIDATE = StarvationConfig(
-    wait_threshold=60, period=3600, hold_seconds=120, max_share=0.5, reserve=True, consolidate=True, max_moves=1
+    wait_threshold=60, period=3600, hold_seconds=120, max_share=0.5, min_gpus=1, consolidate=True, max_moves=1
 )
 
 
