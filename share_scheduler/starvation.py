@@ -282,6 +282,7 @@ class Starvation:
         now = self._clock()
         waiting = self._waiters(now)
         report.starving = len(waiting)
+        self._forget(waiting, now)
         holding = {h.holder_uid for _, h in self.cache.holds.holds() if h.kind in MY_KINDS}
         for waiter in queue_order(w for w, _ in waiting.values()):
             if waiter.uid in holding:
@@ -291,6 +292,13 @@ class Starvation:
                 break
             self._serve(waiting[waiter.uid][1], waiter, now, report)
         return report
+
+    def _forget(self, waiting: Mapping[str, tuple[Waiter, WaitingPod]], now: float) -> None:
+        """Keep the bookkeeping to the pods that still wait (and refusals still in force)."""
+        keys = {pod.key for _, pod in waiting.values()}
+        self._tried = {uid: t for uid, t in self._tried.items() if uid in waiting}
+        self._told = {key: why for key, why in self._told.items() if key in keys}
+        self._refused = {key: until for key, until in self._refused.items() if until > now}
 
     def _cluster_units(self, states: Mapping[str, NodeState]) -> int:
         return sum(g.total for n in states.values() for g in n.gpus if g.healthy)
