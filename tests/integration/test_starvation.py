@@ -255,31 +255,44 @@ def owner(uid: str) -> list[dict[str, Any]]:
 
 
 class Stream:
-    """Small pods end and are replaced, oldest first, every `interval` s: freed memory is taken at once."""
+    """Small pods end and are replaced, oldest first, as under churn: each replacement is created as its
+    predecessor ends and takes the freed room before the next one ends (the stream waits up to
+    `patience` s for it to be bound), so no GPU ever drains by chance: only a hold keeps one free."""
 
-    def __init__(self, admin: ApiServerClient, ns: str, first: list[str], mem: int, interval: float = 0.7) -> None:
-        self.admin, self.ns, self.mem, self.interval = admin, ns, mem, interval
+    def __init__(self, admin: ApiServerClient, ns: str, first: list[str], mem: int, patience: float = 4.0) -> None:
+        self.admin, self.ns, self.mem, self.patience = admin, ns, mem, patience
         self.live = list(first)
         self.made = itertools.count(len(first))
         self.stop = threading.Event()
+        self.step = threading.Lock()  # held for one step; pause() takes it to stop the stream between steps
         self.errors: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def _bound(self, name: str) -> bool:
+        pod = get(self.admin, self.ns, name)
+        return pod is not None and bool(pod_node(pod))
+
     def _run(self) -> None:
         try:
-            while not self.stop.wait(self.interval):
-                pods = {n: get(self.admin, self.ns, n) for n in self.live}
-                oldest = next((n for n in self.live if pods[n] is not None and pod_node(pods[n])), None)
-                if oldest is None:
-                    continue  # every small pod waits: nothing to end
-                finish(self.admin, self.ns, oldest)
-                self.live.remove(oldest)
-                name = f"small-{next(self.made)}"
-                create(self.admin, self.ns, name, self.mem)
-                self.live.append(name)
+            while not self.stop.wait(0.2):
+                with self.step:
+                    self._one()
         except BaseException as exc:  # surfaced by the test
             self.errors.append(exc)
+
+    def _one(self) -> None:
+        oldest = next((n for n in self.live if self._bound(n)), None)
+        if oldest is None:
+            return  # every small pod waits: nothing to end
+        finish(self.admin, self.ns, oldest)
+        self.live.remove(oldest)
+        name = f"small-{next(self.made)}"
+        create(self.admin, self.ns, name, self.mem)
+        self.live.append(name)
+        deadline = time.monotonic() + self.patience
+        while time.monotonic() < deadline and not self.stop.is_set() and not self._bound(name):
+            time.sleep(0.1)
 
     def end(self) -> None:
         self.stop.set()
@@ -291,7 +304,10 @@ def test_reservation_holds_against_a_stream_of_small_pods_until_the_big_pod_is_b
     plane: ControlPlane, chart: dict[str, Any], admin: ApiServerClient, ns: str, stacks: list[Stack], tmp_path: Path
 ) -> None:
     create_bare_nodes(admin, [f"{ns}-a", f"{ns}-b"], 2, 16)
-    stack = Stack(plane, tmp_path, chart["kubeconfig"], ["--no-reservations"])
+    # Reservations after 20 s: until then the stream shows what happens without one.
+    flags = ["--remedy-min-gpus", "1", "--reserve-after", "20", "--starvation-period", "1", "--hold-seconds", "120",
+             "--reservation-share", "0.5"]  # fmt: skip
+    stack = Stack(plane, tmp_path, chart["kubeconfig"], flags)
     stacks.append(stack)
     stack.start_scheduler()
     small = [f"small-{i}" for i in range(8)]  # 8 GiB each: two on every 16 GiB GPU, the cluster full
@@ -302,20 +318,37 @@ def test_reservation_holds_against_a_stream_of_small_pods_until_the_big_pod_is_b
     create(admin, ns, "big", 16)
     stream = Stream(admin, ns, small, 8)
     try:
-        # Without reservations the stream starves it: every GPU always holds a small pod.
+        # Without a reservation the stream starves it: every GPU always holds a small pod.
         time.sleep(15)
         assert not pod_node(admin.get_pod(ns, "big")), "the big pod was placed without a reservation"
-        stack.restart_extender([*FAST])
+        assert not holds(admin, ns, "big")
         hold = wait_for(lambda: holds(admin, ns, "big"), 90, "a reservation for the big pod")[0]
+        held_since = time.time()
         assert hold.kind == HoldKind.RESERVATION and hold.per_gpu == 16
-        assert events(admin, ns, EVENT_RESERVED, "big")
-        # The extender restarts while holding: the new one rebuilds the hold from the annotation.
-        stack.restart_extender()
-        wait_for(lambda: stack.inspect()["holds"], 30, "the hold rebuilt after the restart")
+        wait_for(lambda: events(admin, ns, EVENT_RESERVED, "big"), 30, "the GpuShareReserved Event")
+        # The extender restarts while holding (the stream paused, so no GPU drains while none serves):
+        # the new one rebuilds the hold from the annotation.
+        with stream.step:
+            if not pod_node(admin.get_pod(ns, "big")):
+                stack.restart_extender()
+                rebuilt = wait_for(lambda: stack.inspect()["holds"], 30, "the hold rebuilt after the restart")
+                assert any(h["holder"] == f"{ns}/big" and h["kind"] == "reservation" for h in rebuilt), rebuilt
         big = bound(admin, ns, "big", timeout=180)
     finally:
         stream.end()
-    assert gpus_of(big) == (hold.node, hold.gpus)
+    # While it waited, the hold kept every small pod off the GPU held for it (the big pod may still take
+    # another GPU that drained meanwhile, e.g. while the extender restarted).
+    big_bound = parse_assignment(pod_annotations(big)).assume_time_ns / 1e9
+    intruders = [
+        p["metadata"]["name"]
+        for p in admin.list_pods().items
+        if p["metadata"]["namespace"] == ns
+        and p["metadata"]["name"].startswith("small-")
+        and pod_node(p) == hold.node
+        and set(gpus_of(p)[1]) & set(hold.gpus)
+        and held_since + 1 < parse_assignment(pod_annotations(p)).assume_time_ns / 1e9 < big_bound
+    ]
+    assert intruders == [], f"small pods placed on the held GPU while the big pod waited: {intruders}"
     never_overcommitted(admin, ns)
     wait_for(lambda: not [h for h in stack.inspect()["holds"] if h["holder"] == f"{ns}/big"], 30, "its hold released")
 
@@ -348,8 +381,8 @@ def test_consolidation_moves_a_movable_pod_and_places_the_waiting_one(
     node = split_node(admin, ns, {"ownerReferences": owner("rs-movers"), "labels": {"app": "movers"}})
     create(admin, ns, "big", 8)
     wait_for(lambda: get(admin, ns, "mover") is None, 90, "the movable pod evicted")
-    assert events(admin, ns, EVENT_CONSOLIDATING, "big")
-    assert events(admin, ns, EVENT_CONSOLIDATION_EVICTED, "mover")
+    wait_for(lambda: events(admin, ns, EVENT_CONSOLIDATING, "big"), 30, "the GpuShareConsolidating Event")
+    wait_for(lambda: events(admin, ns, EVENT_CONSOLIDATION_EVICTED, "mover"), 30, "the Event on the moved pod")
     big = bound(admin, ns, "big", timeout=90)
     assert gpus_of(big) == (node, (0,))
     # Its controller's replacement goes where the plan held room for it.
@@ -439,4 +472,4 @@ def test_only_the_replica_beside_the_leading_scheduler_holds(
     time.sleep(3)  # a few of the standby's passes
     assert 'gpushare_reservations_total{outcome="made"}' not in standby.metrics()
     assert 'gpushare_reservations_total{outcome="made"} 1.0' in leader.metrics()
-    assert len(events(admin, ns, EVENT_RESERVED, "big")) == 1
+    assert len(wait_for(lambda: events(admin, ns, EVENT_RESERVED, "big"), 30, "the Event")) == 1
