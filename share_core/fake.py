@@ -63,6 +63,7 @@ class FakeKube:
         self.pods: dict[tuple[str, str], Obj] = {}
         self.events: list[Obj] = []
         self.bindings: list[tuple[str, str, str]] = []
+        self.evictions: list[tuple[str, str]] = []
         self.calls: dict[str, int] = defaultdict(int)
         self._faults: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._watchers: list[tuple[str, queue.Queue[WatchEvent | None], Callable[[Obj], bool]]] = []
@@ -306,6 +307,16 @@ class FakeKube:
             self.bindings.append((namespace, name, node))
             self._bump(pod)
             self._notify("pods", "MODIFIED", pod)
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """As the Eviction API with no budget in the way: the pod goes (a budget's 429 is a test's `fail`)."""
+        self._enter("evict_pod")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            if uid and pod["metadata"].get("uid") != uid:
+                raise Conflict(f"pod {namespace}/{name}: UID precondition failed: {uid}", 409, "Conflict")
+            self.evictions.append((namespace, name))
+        self.delete_pod(namespace, name)
 
     def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None:
         self._enter("create_event")

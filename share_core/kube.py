@@ -211,6 +211,11 @@ class KubeClient(Protocol):
     def remove_pod(self, namespace: str, name: str, uid: str) -> None:
         """DELETE the pod (graceful, its own grace period) if it is still the pod of `uid`: NotFound when it
         is gone, Conflict when that name is another pod now."""
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """Evict through the Eviction API (policy/v1), which honours the pod's PodDisruptionBudgets: a
+        budget that allows no disruption now is refused with 429 (Unavailable, status 429); with `uid`,
+        only that pod (Conflict if the name now belongs to another)."""
         ...
 
     def watch_pods(
@@ -623,6 +628,14 @@ class ApiServerClient:
             f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
             body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
         )
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """POST pods/eviction: the API server checks the pod's PodDisruptionBudgets and deletes it gracefully
+        (pkg/registry/core/pod/storage/eviction.go); 429 when a budget refuses, 404 when it is gone."""
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        self._open("POST", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/eviction", body=body)
 
     def watch_pods(
         self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False

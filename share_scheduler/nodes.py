@@ -38,6 +38,7 @@ from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import NodeView
 from share_placement import node_view
+from share_scheduler.waiting import WaitingPod
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class PodFacts:
     demand: Demand | None = None
     holds: tuple[Hold, ...] | None = None  # the pod's gpushare.io/holds (None: it has no such annotation)
     hold_problem: str = ""  # why its holds annotation could not be read
+    waiting: WaitingPod | None = None  # an unbound pod waiting for GPU room (share_scheduler.waiting)
 
 
 @dataclass(frozen=True, slots=True)

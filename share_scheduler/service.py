@@ -52,6 +52,8 @@ from share_scheduler.metrics import Metrics
 from share_scheduler.preempt import DEFAULT_HOLD_SECONDS
 from share_scheduler.preempt import BudgetIndex
 from share_scheduler.preempt import Preemption
+from share_scheduler.starvation import Starvation
+from share_scheduler.starvation import StarvationConfig
 from share_scheduler.syncer import Syncer
 
 # A verb as the servers call it: raw request body in, (status, JSON bytes) out, its latency recorded.
@@ -91,6 +93,7 @@ class Extender:
         leader_lease: str | None = None,
         leader_identity: str | None = None,
         preemption_hold: float = DEFAULT_HOLD_SECONDS,
+        starvation: StarvationConfig | None = None,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -143,15 +146,28 @@ class Extender:
             hold_seconds=preemption_hold,
             budgets=budgets,
         )
+        # Room for pods that waited too long (reservations, consolidation): off unless configured.
+        self.starvation = Starvation(
+            kube,
+            cache,
+            policy,
+            self.binder.policy_lock,
+            self.leadership.is_leader,
+            self.events,
+            starvation or StarvationConfig(reserve=False),
+            metrics=self.metrics.starvation_hooks(),
+        )
 
     def start(self) -> None:
         self.syncer.start()
         self.leadership.start()
         self.preemption.start()
+        self.starvation.start()
 
     def stop(self) -> None:
         self.preemption.stop()
         self.leadership.stop()
+        self.starvation.stop()
         self.syncer.stop()
 
     def observe(self, demand: Demand) -> None:
