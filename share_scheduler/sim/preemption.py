@@ -26,11 +26,11 @@ states, and what follows is what kube-scheduler and the pods' controllers do:
   (The queue orders a priority's pods by arrival number: a recreated pod, numbered after the whole stream,
   queues behind every pod of its priority, a little later than kube-scheduler's timestamp order would.)
 - **The freed GPUs are held** (`share_core.holds`, `HoldKind.PREEMPTION`) for the preemptor from the
-  eviction until it is placed or `grace_s + hold_s` has passed: pods of lower priority see the held memory
-  as taken, pods of equal or higher priority do not (what filter does on the cluster).
+  eviction until it is placed or `grace_s + hold_s` has passed: pods of the same or lower priority see the
+  held memory as taken, pods of higher priority do not (what filter does on the cluster).
 - **Counted** (in the measured window): preemptions, victims, victims per preemption, and wasted ones:
-  the preemptor was not placed on the held node's GPUs within the hold (it went elsewhere, a pod of its
-  priority or higher took the room first, or the hold expired).
+  the preemptor was not placed on the held node's GPUs within the hold (it went elsewhere, a pod of higher
+  priority took the room first, or the hold expired).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ from share_scheduler.sim.workload import Workload
 
 GRACE_S = 30.0  # Kubernetes' default terminationGracePeriodSeconds
 HOLD_S = 60.0  # how long after the victims are gone the freed room stays held for the preemptor
-TIMER = -1  # a departure entry that is no pod: wakes the engine up at a hold's expiry or a retry's time
+TIMER = -1  # what release() answers for a timer: a departure entry with a negative seq that is no pod, which
+# wakes the engine up (after_event) at a hold's expiry or a retry's time
 RETRY_S = 300.0  # kube-scheduler's podMaxInUnschedulablePodsDuration: a waiting pod tries again at least this often
 MIN_CANDIDATES = 100  # defaultpreemption's minCandidateNodesAbsolute
 CANDIDATE_PCT = 10  # defaultpreemption's minCandidateNodesPercentage
@@ -149,6 +150,7 @@ class PreemptionTimeline(Timeline):
         self.retries: list[tuple[float, int]] = []  # heap of (next try, seq) for waiting pods that may preempt
         self.requeue: list[int] = []  # victims gone, to come back after this event's retries
         self.stats = PreemptionStats()
+        self._timers = 0  # the last timer's seq (timers count down from -1)
         # Every change on a node (a pod placed, gone, or terminating) bumps its version; the victim choice's
         # answer per (node, demand, priority) is kept until then: a full cluster changes a few nodes per event.
         self.node_version = [0] * len(workload.nodes)
@@ -181,7 +183,8 @@ class PreemptionTimeline(Timeline):
                 self._free_hold(hold)
 
     def release(self, seq: int) -> int:
-        if seq == TIMER:
+        if seq < 0:
+            del self.ends[seq]
             return TIMER  # a timer, not a pod: run() calls after_event next, which does what is due
         node = super().release(seq)
         self.on_node[node].discard(seq)
@@ -200,7 +203,7 @@ class PreemptionTimeline(Timeline):
         return False
 
     def retry_on(self, node: int) -> None:
-        if node == TIMER:
+        if node < 0:
             return
         name = self.node_names[node]
         if any(h.node == name for h in self.holds.values()):
@@ -363,24 +366,28 @@ class PreemptionTimeline(Timeline):
             holder=self.workload.pods[pod].name,
         )
         self.holds[seq] = hold
-        heapq.heappush(self.departures, (hold.expires, TIMER))
+        self._wake_at(hold.expires)
         self.open[seq] = record = Preemption(seq, now, hold, victims)
         self.stats.preemptions.append(record)
-        moved = set(victims)
-        due = {s: t for t, s in self.departures if s in moved}
-        self.departures[:] = [(t, s) for t, s in self.departures if s not in moved]  # run() holds this list
-        heapq.heapify(self.departures)
         for v in victims:
             self.terminating.add(v)
             self.node_version[self.where[v][0]] += 1
-            # gone at the end of its grace period, or sooner if it finishes by itself first
-            heapq.heappush(self.departures, (min(due[v], now + self.grace_s), v))
+            # gone at the end of its grace period, or sooner if it finishes by itself first; its old
+            # departure entry is void once `ends` names another time (Timeline.run skips it)
+            self.ends[v] = end = min(self.ends[v], now + self.grace_s)
+            heapq.heappush(self.departures, (end, v))
         return True
 
     def _retry_later(self, seq: int) -> None:
         at = self.now + self.retry_s
         heapq.heappush(self.retries, (at, seq))
-        heapq.heappush(self.departures, (at, TIMER))
+        self._wake_at(at)
+
+    def _wake_at(self, at: float) -> None:
+        """A timer: a departure entry of a seq of its own below 0, live in `ends` as run() requires."""
+        self._timers -= 1
+        self.ends[self._timers] = at
+        heapq.heappush(self.departures, (at, self._timers))
 
     def _free_hold(self, hold: Hold) -> None:
         """The held room is anyone's again: the waiting pods try that node."""
@@ -434,7 +441,7 @@ class PreemptionTimeline(Timeline):
         )
         by_priority: dict[str, dict] = {}
         waits: dict[int, list[float]] = {}
-        for seq in range(min(getattr(self, "_arrived", 0), self.stream)):
+        for seq in range(min(self.arrived, self.stream)):
             a = self.arrivals[seq]
             if a.time < self.warmup_s:
                 continue

@@ -2,7 +2,8 @@
 
 One node of two GPUs of 1000 units, binpack (first GPU among equals). Pods by index:
 0 lowA 500 (priority 0, runs 25 s), 1 lowB 500 (0, 1000 s), 2 mid 900 (priority 1), 3 high 1000 (priority 2,
-100 s), 4 small 400 (0), 5 peer 500 (priority 2). lowA and lowB fill GPU 0, mid takes 900 of GPU 1.
+100 s), 4 small 400 (0), 5 peer 500 (priority 2), 6 vip 500 (priority 3). lowA and lowB fill GPU 0, mid
+takes 900 of GPU 1.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ PODS = (
     SimPod("high", 1000, 1, cpu=1000, priority=2, duration=100.0),
     SimPod("small", 400, 1, cpu=1000, duration=100.0),
     SimPod("peer", 500, 1, cpu=1000, priority=2, duration=1000.0),
+    SimPod("vip", 500, 1, cpu=1000, priority=3, duration=1000.0),
 )
 FILLED = [Arrival(0, 0, 25), Arrival(1, 1, 1000), Arrival(2, 2, 1000)]
 
@@ -71,12 +73,12 @@ def test_without_preemption_the_high_priority_pod_waits_for_a_departure():
     assert f["by_priority"]["2"]["p50_s"] == 991
 
 
-def test_a_pod_of_the_same_priority_may_take_held_room_and_the_preemption_is_wasted():
-    # peer (priority 2, t=30) is not kept off by high's hold (only lower priorities are): it takes the 500
-    # lowA left on GPU 0. At 40 lowB is gone but high still does not fit; its hold expires at 100 (wasted:
-    # two victims for nothing), it preempts again (mid, GPU 1) and runs at 130. The recreated lowB takes
-    # GPU 0's 500 once the hold is gone (100); the recreated mid waits until high leaves (230).
-    tl = run([*FILLED, Arrival(10, 3, 100), Arrival(30, 5, 1000)])
+def test_a_pod_of_higher_priority_may_take_held_room_and_the_preemption_is_wasted():
+    # vip (priority 3, t=30) is not kept off by high's hold (it keeps off the same or lower priorities): it
+    # takes the 500 lowA left on GPU 0. At 40 lowB is gone but high still does not fit; its hold expires at
+    # 100 (wasted: two victims for nothing), it preempts again (mid, GPU 1) and runs at 130. The recreated
+    # lowB takes GPU 0's 500 once the hold is gone (100); the recreated mid waits until high leaves (230).
+    tl = run([*FILLED, Arrival(10, 3, 100), Arrival(30, 6, 1000)])
     first, second = tl.stats.preemptions
     assert (first.victims, first.outcome) == ((0, 1), "expired")
     assert (second.time, second.victims, second.hold.gpus, second.outcome) == (100.0, (2,), (1,), "placed")
@@ -169,3 +171,15 @@ def test_cli_preempt_on_and_off_print_preemption_figures(tmp_path, capsys):
     assert cli.main([*[a for a in common if a != "--json"], "--preempt", "on"]) == 0
     out = capsys.readouterr().out
     assert "preemptions" in out and "waits per priority" in out
+
+
+def test_the_hold_keeps_a_pod_of_the_same_priority_off_too():
+    # peer (priority 2, like high) arrives at 30: the 500 lowA left on GPU 0 is held for high (kube-scheduler
+    # counts a nominated pod against pods of no higher priority), so peer fits nowhere and preempts for
+    # itself: mid on GPU 1 (GPU 0 is held, its lowB already terminating). high takes GPU 0 at 40, peer GPU 1
+    # at 60.
+    tl = run([*FILLED, Arrival(10, 3, 100), Arrival(30, 5, 1000)])
+    first, second = tl.stats.preemptions
+    assert (first.preemptor, first.hold.gpus, first.outcome) == (3, (0,), "placed")
+    assert (second.preemptor, second.victims, second.hold.gpus, second.outcome) == (4, (2,), (1,), "placed")
+    assert tl.started[3] == 10 + GRACE_S and tl.started[4] == 30 + GRACE_S
