@@ -424,12 +424,11 @@ class Preemption:
             if any(free.get(g, 0) < hold.per_gpu for g in hold.gpus):
                 self._waiting.add(ident)  # a victim is still terminating
                 continue
-            if ident not in self._waiting:
-                continue  # free since this process first saw it: nothing was waited for
             self._ready.add(ident)
-            # From now, not from the decision: and the annotation must change (whole seconds), or the write
-            # is no update kube-scheduler sees.
-            expires = math.ceil(now + self.ready_grace)
+            # From now, not from the decision, where this process saw the victims go; a hold free since this
+            # process first saw it (a restart) keeps its expiry, one second later. Either way the annotation
+            # changes (whole seconds): a write that changes nothing is no update kube-scheduler sees.
+            expires = math.ceil(now + self.ready_grace) if ident in self._waiting else math.ceil(hold.expires) + 1
             if expires == math.ceil(hold.expires):
                 expires += 1
             renewed = replace(hold, expires=float(expires))
