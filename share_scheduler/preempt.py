@@ -42,13 +42,10 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Mapping
-from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import replace
 from typing import Any
-
-import orjson
 
 from share_core.contract import ANN_HOLDS
 from share_core.contract import MemoryUnit
@@ -71,10 +68,11 @@ from share_placement.preemption import choose_victims
 from share_scheduler.budgets import BudgetIndex
 from share_scheduler.cache import ClusterCache
 from share_scheduler.extender import BadRequest
-from share_scheduler.extender import _field
 from share_scheduler.extender import pod_demand
 from share_scheduler.holds import Asker
 from share_scheduler.nodes import PodRecord
+from share_scheduler.preemptargs import parse_preemption_args
+from share_scheduler.preemptargs import preemption_result
 
 log = logging.getLogger(__name__)
 
@@ -156,68 +154,6 @@ def preemption_nodes(
         victims = tuple(victim_of(r, budgets, allowed) for r in cache.pods_on(name))
         out.append(PreemptionNode(name, gpus, victims, a.cpu - cpu, a.memory - memory, a.pods - pods))
     return out, allowed
-
-
-# -- the verb's wire form -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionArgs:
-    pod: Mapping[str, Any]
-    proposal: dict[str, tuple[str, ...]]  # node -> victim UIDs kube-scheduler proposed ([] on 1.38 placeholders)
-
-
-def parse_preemption_args(raw: bytes) -> PreemptionArgs:
-    """An ExtenderPreemptionArgs body (k8s.io/kube-scheduler/extender/v1): `Pod` and
-    `NodeNameToMetaVictims` (nodeCacheCapable) or `NodeNameToVictims` (whole pods); BadRequest otherwise."""
-    if not raw:
-        raise BadRequest("request body is empty")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not JSON: {exc}") from exc
-    if not isinstance(body, Mapping):
-        raise BadRequest("request body must be a JSON object (ExtenderPreemptionArgs)")
-    pod = _field(body, "Pod")
-    if not isinstance(pod, Mapping) or not isinstance(pod.get("metadata") or {}, Mapping):
-        raise BadRequest("ExtenderPreemptionArgs.Pod is missing or not a pod object")
-    meta = _field(body, "NodeNameToMetaVictims")
-    whole = _field(body, "NodeNameToVictims")
-    source, by_uid = (meta, True) if meta is not None else (whole, False)
-    if source is None:
-        source = {}
-    if not isinstance(source, Mapping):
-        raise BadRequest("NodeNameToMetaVictims must map node names to victims")
-    proposal: dict[str, tuple[str, ...]] = {}
-    for node, victims in source.items():
-        if victims is None:
-            proposal[str(node)] = ()
-            continue
-        if not isinstance(victims, Mapping):
-            raise BadRequest(f"victims of node {node!r} must be an object with Pods")
-        pods = _field(victims, "Pods") or []
-        if not isinstance(pods, list):
-            raise BadRequest(f"victims of node {node!r}: Pods must be a list")
-        uids = []
-        for p in pods:
-            if not isinstance(p, Mapping):
-                raise BadRequest(f"victims of node {node!r}: each pod must be an object")
-            uid = _field(p, "UID") if by_uid else (p.get("metadata") or {}).get("uid")
-            if not isinstance(uid, str) or not uid:
-                raise BadRequest(f"victims of node {node!r}: a pod without a UID")
-            uids.append(uid)
-        proposal[str(node)] = tuple(uids)
-    return PreemptionArgs(pod, proposal)
-
-
-def preemption_result(candidates: Sequence[Candidate]) -> dict[str, Any]:
-    """The ExtenderPreemptionResult: victims by UID, most important first (kube-scheduler reads Pods[0])."""
-    return {
-        "NodeNameToMetaVictims": {
-            c.node: {"Pods": [{"UID": v.uid} for v in c.victims], "NumPDBViolations": c.pdb_violations}
-            for c in candidates
-        }
-    }
 
 
 # -- the shell ------------------------------------------------------------------------------------------
@@ -424,12 +360,11 @@ class Preemption:
             if any(free.get(g, 0) < hold.per_gpu for g in hold.gpus):
                 self._waiting.add(ident)  # a victim is still terminating
                 continue
-            if ident not in self._waiting:
-                continue  # free since this process first saw it: nothing was waited for
             self._ready.add(ident)
-            # From now, not from the decision: and the annotation must change (whole seconds), or the write
-            # is no update kube-scheduler sees.
-            expires = math.ceil(now + self.ready_grace)
+            # From now, not from the decision, where this process saw the victims go; a hold free since this
+            # process first saw it (a restart) keeps its expiry, one second later. Either way the annotation
+            # changes (whole seconds): a write that changes nothing is no update kube-scheduler sees.
+            expires = math.ceil(now + self.ready_grace) if ident in self._waiting else math.ceil(hold.expires) + 1
             if expires == math.ceil(hold.expires):
                 expires += 1
             renewed = replace(hold, expires=float(expires))
