@@ -335,12 +335,13 @@ class FakeKube:
     def _watch(
         self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int, resource_version: str = ""
     ) -> Iterator[WatchEvent]:
-        """Every change after `resource_version` (a list's), then each new one: the API server's watch cache
-        replays what changed since that version (k8s.io/apiserver/pkg/storage/cacher, watchCache
-        getAllEventsSinceLocked). The watch is open when this returns, not when it is first read."""
+        """Every change after `resource_version` (a list's), then each new one: from an exact version the API
+        server's watch cache replays what changed since (k8s.io/apiserver/pkg/storage/cacher, watchCache
+        getAllEventsSinceLocked). "0" or none: changes from now on only (this fake sends no synthetic ADDED
+        events for what exists). The watch is open when this returns, not when it is first read."""
         q: queue.Queue[WatchEvent | None] = queue.Queue()
         with self._lock:
-            since = int(resource_version) if resource_version.isdigit() else self._rv
+            since = int(resource_version) if resource_version.isdigit() and int(resource_version) > 0 else self._rv
             for rv, k, event_type, obj in self._history:
                 if rv > since and k == kind and pred(obj):
                     q.put(WatchEvent(event_type, copy.deepcopy(obj)))
