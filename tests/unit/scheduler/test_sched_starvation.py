@@ -201,6 +201,8 @@ def test_reservation_holds_the_soonest_gpu_against_small_pods_until_the_big_pod_
     assert ext.call("filter", filter_args(big, ["node-a", "node-b"]))["NodeNames"] == ["node-a"]
     assert ext.call("bind", bind_args(big, "node-a"))["Error"] == ""
     wait_until(lambda: not ext.cache.holds.active, what="the hold released at bind")
+    metrics = ext.client.get("/metrics").get_data(as_text=True)
+    assert 'gpushare_pod_wait_seconds_count{class="whole-gpu"} 1.0' in metrics  # its wait, from creation to bind
     assert ext.call("filter", filter_args(make_pod("after", 4), ["node-b"]))["NodeNames"] == []
 
 
