@@ -53,6 +53,9 @@ ANN_HOLDS = ANNOTATION_PREFIX + "holds"
 # Pod annotations a user may set.
 ANN_GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"
 ANN_GPU_MODEL = ANNOTATION_PREFIX + "gpu-model"
+# "true": consolidation may evict this pod to make room for a waiting one (it still needs a controller
+# that recreates it); "false": never, even when its controller would recreate it.
+ANN_MOVABLE = ANNOTATION_PREFIX + "movable"
 
 # Env in each container's Allocate response.
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -76,6 +79,11 @@ EVENT_GPU_ASSIGNED = "GPUShareAssigned"  # the extender bound a pod: which GPU(s
 EVENT_BIND_FAILED = "FailedGPUShareBinding"  # the extender could not bind a pod, and why
 EVENT_OVER_LIMIT = "GpuShareOverLimit"  # a container uses more GPU memory than its limit
 EVENT_OVER_LIMIT_KILLED = "GpuShareOverLimitKilled"  # --over-limit kill ended its processes
+# Event reasons the extender's leader records about waiting pods (share_scheduler.starvation).
+EVENT_RESERVED = "GpuShareReserved"  # GPU memory is held for a pod that waited too long: where, how much
+EVENT_CONSOLIDATING = "GpuShareConsolidating"  # pods are moved to make room for this waiting pod
+EVENT_CONSOLIDATION_EVICTED = "GpuShareConsolidationEvicted"  # this pod was evicted to make room; where it goes
+EVENT_CONSOLIDATION_REFUSED = "GpuShareConsolidationRefused"  # no consolidation for this pod, and why
 
 # Where the MPS control daemon's pipes live on the node and in the containers (--mps).
 ENV_MPS_PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections import deque
 from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ from share_core.kube import NotFound
 from share_core.kube import Obj
 from share_core.kube import Pages
 from share_core.kube import WatchEvent
+from share_core.kube import now_rfc3339
+
+HISTORY = 10_000  # changes kept for watches that start from an older resourceVersion
 
 
 def _match_fields(obj: Obj, selector: str | None) -> bool:
@@ -59,9 +63,13 @@ class FakeKube:
         self.pods: dict[tuple[str, str], Obj] = {}
         self.events: list[Obj] = []
         self.bindings: list[tuple[str, str, str]] = []
+        self.evictions: list[tuple[str, str]] = []
         self.calls: dict[str, int] = defaultdict(int)
         self._faults: dict[str, list[Callable[[], None]]] = defaultdict(list)
         self._watchers: list[tuple[str, queue.Queue[WatchEvent | None], Callable[[Obj], bool]]] = []
+        # Every change, by resource version, so that a watch from a list's resourceVersion misses none made
+        # between the list and the watch (as the API server's watch cache replays them).
+        self._history: deque[tuple[int, str, str, Obj]] = deque(maxlen=HISTORY)
         # Any other collection by its API path (ResourceSlices, ResourceClaims): path -> name key -> object.
         self.objects: dict[str, dict[tuple[str, str], Obj]] = defaultdict(dict)
 
@@ -93,6 +101,7 @@ class FakeKube:
         return obj
 
     def _notify(self, kind: str, event_type: str, obj: Obj) -> None:
+        self._history.append((self._rv, kind, event_type, copy.deepcopy(obj)))
         for k, q, pred in list(self._watchers):
             if k == kind and pred(obj):
                 q.put(WatchEvent(event_type, copy.deepcopy(obj)))
@@ -232,6 +241,27 @@ class FakeKube:
             self._merge(pod["metadata"].setdefault("annotations", {}), annotations)
             return self._modified("pods", pod)
 
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Obj:
+        self._enter("add_pod_condition")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            conditions[:] = [c for c in conditions if c.get("type") != condition.get("type")] + [dict(condition)]
+            return self._modified("pods", pod)
+
+    def remove_pod(self, namespace: str, name: str, uid: str) -> None:
+        """As the API server deletes a pod with a grace period: deletionTimestamp set (the pod keeps running
+        until `finish_deletion` or a test deletes it outright)."""
+        self._enter("remove_pod")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            if uid and pod["metadata"].get("uid") != uid:
+                raise Conflict(
+                    f"pod {namespace}/{name} has UID {pod['metadata'].get('uid')}, not {uid}", 409, "Conflict"
+                )
+            pod["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+            self._modified("pods", pod)
+
     def _patch_node(self, call: str, name: str, patch: Mapping[str, str | None], *maps: tuple[str, str]) -> Obj:
         """Node `name` with `patch` merged into each of its `maps` ((section, field): metadata.annotations)."""
         self._enter(call)
@@ -278,6 +308,16 @@ class FakeKube:
             self._bump(pod)
             self._notify("pods", "MODIFIED", pod)
 
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """As the Eviction API with no budget in the way: the pod goes (a budget's 429 is a test's `fail`)."""
+        self._enter("evict_pod")
+        with self._lock:
+            pod = self._pod(namespace, name)
+            if uid and pod["metadata"].get("uid") != uid:
+                raise Conflict(f"pod {namespace}/{name}: UID precondition failed: {uid}", 409, "Conflict")
+            self.evictions.append((namespace, name))
+        self.delete_pod(namespace, name)
+
     def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None:
         self._enter("create_event")
         meta = pod.get("metadata") or {}
@@ -292,10 +332,22 @@ class FakeKube:
                 }
             )
 
-    def _watch(self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int) -> Iterator[WatchEvent]:
+    def _watch(
+        self, kind: str, pred: Callable[[Obj], bool], timeout_seconds: int, resource_version: str = ""
+    ) -> Iterator[WatchEvent]:
+        """Every change after `resource_version` (a list's), then each new one: the API server's watch cache
+        replays what changed since that version (k8s.io/apiserver/pkg/storage/cacher, watchCache
+        getAllEventsSinceLocked). The watch is open when this returns, not when it is first read."""
         q: queue.Queue[WatchEvent | None] = queue.Queue()
         with self._lock:
+            since = int(resource_version) if resource_version.isdigit() else self._rv
+            for rv, k, event_type, obj in self._history:
+                if rv > since and k == kind and pred(obj):
+                    q.put(WatchEvent(event_type, copy.deepcopy(obj)))
             self._watchers.append((kind, q, pred))
+        return self._events(q, timeout_seconds)
+
+    def _events(self, q: queue.Queue[WatchEvent | None], timeout_seconds: int) -> Iterator[WatchEvent]:
         deadline = time.monotonic() + timeout_seconds
         try:
             while True:
@@ -317,13 +369,13 @@ class FakeKube:
         self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
     ) -> Iterator[WatchEvent]:
         self._enter("watch_pods")  # `slim` allows fewer fields; whole pods are always allowed
-        return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds)
+        return self._watch("pods", lambda p: _match_fields(p, field_selector), timeout_seconds, resource_version)
 
     def watch_nodes(
         self, resource_version: str, label_selector: str | None = None, timeout_seconds: int = 300
     ) -> Iterator[WatchEvent]:
         self._enter("watch_nodes")
-        return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds)
+        return self._watch("nodes", lambda n: _match_labels(n, label_selector), timeout_seconds, resource_version)
 
     def list_path(self, path: str) -> ListResult:
         self._enter("list_path")
@@ -332,7 +384,7 @@ class FakeKube:
 
     def watch_path(self, path: str, resource_version: str, timeout_seconds: int = 300) -> Iterator[WatchEvent]:
         self._enter("watch_path")
-        return self._watch(path, lambda _: True, timeout_seconds)
+        return self._watch(path, lambda _: True, timeout_seconds, resource_version)
 
     def get_path(self, path: str) -> Obj:
         self._enter("get_path")

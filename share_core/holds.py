@@ -6,9 +6,10 @@ be taken by the next small pod in kube-scheduler's queue before the holder is bo
 holder, a node, the GPUs on it and the units held on each; filter counts it as taken for every other pod
 it applies to:
 
-- PREEMPTION (memory freed by evicting victims for a preemptor): pods of LOWER priority than the
-  holder. A pod of equal or higher priority may take it, as kube-scheduler lets it pass a nominated pod
-  (`addNominatedPods`, pkg/scheduler/framework/runtime: only nominated pods of >= priority count).
+- PREEMPTION (memory freed by evicting victims for a preemptor): pods of the SAME OR LOWER priority, as
+  kube-scheduler counts a nominated pod against every pod of no higher priority (addGENominatedPods,
+  pkg/scheduler/framework/runtime/framework.go: nominated pods of priority >= the pod's are added), so
+  two preemptors of one priority do not take each other's freed GPU.
 - RESERVATION (memory set aside for a pod that has waited too long) and CONSOLIDATION (the GPUs a
   consolidation plan gives to the waiting pod and to the pods it moves): pods of the SAME OR LOWER
   priority, so a waiting pod is not passed by its peers either.
@@ -49,11 +50,6 @@ class HoldKind(enum.StrEnum):
     RESERVATION = "reservation"
     CONSOLIDATION = "consolidation"
 
-    @property
-    def blocks_equal_priority(self) -> bool:
-        """Whether pods of the holder's own priority are kept off (everything but preemption)."""
-        return self is not HoldKind.PREEMPTION
-
 
 class InvalidHolds(ValueError):
     """An annotation that does not describe holds; the message names the pod and the problem."""
@@ -79,9 +75,7 @@ class Hold:
             return False
         if owner_uid and owner_uid == self.owner_uid:
             return False
-        if self.kind.blocks_equal_priority:
-            return priority <= self.priority
-        return priority < self.priority
+        return priority <= self.priority
 
     def expired(self, now: float) -> bool:
         return now >= self.expires

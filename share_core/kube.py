@@ -203,6 +203,21 @@ class KubeClient(Protocol):
 
     def create_event(self, pod: Mapping[str, Any], reason: str, message: str, event_type: str = "Normal") -> None: ...
 
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Obj:
+        """Set one `status.conditions` entry (merged by its type, as the status subresource's strategic
+        merge patch does): how kube-scheduler marks a victim DisruptionTarget before deleting it."""
+        ...
+
+    def remove_pod(self, namespace: str, name: str, uid: str) -> None:
+        """DELETE the pod (graceful, its own grace period) if it is still the pod of `uid`: NotFound when it
+        is gone, Conflict when that name is another pod now."""
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """Evict through the Eviction API (policy/v1), which honours the pod's PodDisruptionBudgets: a
+        budget that allows no disruption now is refused with 429 (Unavailable, status 429); with `uid`,
+        only that pod (Conflict if the name now belongs to another)."""
+        ...
+
     def watch_pods(
         self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False
     ) -> Iterator[WatchEvent]:
@@ -598,6 +613,29 @@ class ApiServerClient:
             "count": 1,
         }
         self._json("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=body)
+
+    def add_pod_condition(self, namespace: str, name: str, condition: Mapping[str, Any]) -> Obj:
+        return self._json(
+            "PATCH",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/status",
+            body={"status": {"conditions": [dict(condition)]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def remove_pod(self, namespace: str, name: str, uid: str) -> None:
+        self._json(
+            "DELETE",
+            f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}",
+            body={"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}},
+        )
+
+    def evict_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """POST pods/eviction: the API server checks the pod's PodDisruptionBudgets and deletes it gracefully
+        (pkg/registry/core/pod/storage/eviction.go); 429 when a budget refuses, 404 when it is gone."""
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        self._open("POST", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/eviction", body=body)
 
     def watch_pods(
         self, resource_version: str, field_selector: str | None = None, timeout_seconds: int = 300, slim: bool = False

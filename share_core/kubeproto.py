@@ -193,12 +193,14 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
         scalar("namespace", META_NAMESPACE),
         scalar("uid", META_UID),
         scalar("resourceVersion", 6),
+        one("creationTimestamp", 8, "Time"),
         one("deletionTimestamp", 9, "Time"),
+        map_field("labels", 11),
         map_field("annotations", META_ANNOTATIONS),
         many("ownerReferences", 13, "OwnerReference"),
     ),
-    # meta/v1 Time and OwnerReference: whether a pod is terminating, and who recreates it (preemption
-    # and consolidation, share_core.holds)
+    # meta/v1 Time and OwnerReference: whether a pod is terminating, how long it has waited, and who
+    # recreates it (preemption, reservations and consolidation, share_core.holds)
     "Time": (scalar("seconds", 1, "int64"), scalar("nanos", 2, "int32")),
     "OwnerReference": (scalar("kind", 1), scalar("name", 3), scalar("uid", 4), scalar("controller", 6, "bool")),
     "PodSpec": (
@@ -209,9 +211,11 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
         scalar("preemptionPolicy", 31),
         many("initContainers", 20, "Container"),
         map_field("overhead", 32, "Quantity"),
+        many("schedulingGates", 38, "PodSchedulingGate"),
         many("resourceClaims", 39, "PodResourceClaim"),
         one("resources", 40, "Resources"),
     ),
+    "PodSchedulingGate": (scalar("name", 1),),  # a gated pod is not waiting for room (reservations)
     "PodResourceClaim": (scalar("name", 1), scalar("resourceClaimName", 3), scalar("resourceClaimTemplateName", 4)),
     "Container": (scalar("name", 1), one("resources", 8, "Resources"), scalar("restartPolicy", 24)),
     "Resources": (map_field("limits", 1, "Quantity"), map_field("requests", 2, "Quantity")),
@@ -220,6 +224,7 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
     "PodStatus": (
         scalar("phase", 1),
         many("conditions", 2, "PodCondition"),
+        one("startTime", 7, "Time"),
         many("containerStatuses", 8, "ContainerStatus"),
         many("initContainerStatuses", 10, "ContainerStatus"),
         map_field("allocatedResources", 19, "Quantity"),
@@ -297,6 +302,8 @@ class SlimSpec(dict[str, Any]):
             dict.__setitem__(self, "priority", message.priority)
         if message.preemptionPolicy:
             dict.__setitem__(self, "preemptionPolicy", message.preemptionPolicy)
+        if message.schedulingGates:
+            dict.__setitem__(self, "schedulingGates", [{"name": g.name} for g in message.schedulingGates])
         if message.resourceClaims:  # a DRA pod: its GPUs are in its claims (the extender learns them at filter)
             dict.__setitem__(self, "resourceClaims", [_resource_claim(c) for c in message.resourceClaims])
         self._message = message
@@ -353,6 +360,10 @@ def slim_pod(message: Any) -> dict[str, Any]:
     meta = {"name": m.name, "namespace": m.namespace, "uid": m.uid, "resourceVersion": m.resourceVersion}
     if m.annotations:
         meta["annotations"] = dict(m.annotations)
+    if m.labels:  # which PodDisruptionBudgets select the pod (preemption)
+        meta["labels"] = dict(m.labels)
+    if m.HasField("creationTimestamp"):
+        meta["creationTimestamp"] = _rfc3339(m.creationTimestamp.seconds)
     if m.HasField("deletionTimestamp"):
         meta["deletionTimestamp"] = _rfc3339(m.deletionTimestamp.seconds)
     if m.ownerReferences:
@@ -362,6 +373,8 @@ def slim_pod(message: Any) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": st.phase} if st.phase else {}
     if st.conditions:
         status["conditions"] = [{"type": c.type, "reason": c.reason} for c in st.conditions]
+    if st.HasField("startTime"):  # preemption's tie-break among equal victims
+        status["startTime"] = _rfc3339(st.startTime.seconds)
     for field in ("containerStatuses", "initContainerStatuses"):
         statuses = getattr(st, field)
         if statuses:

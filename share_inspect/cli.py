@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -122,6 +123,8 @@ def fetch(client: KubeClient, node_names: Sequence[str]) -> tuple[list[dict], li
         selector += f",spec.nodeName={node_names[0]}"
     try:
         pods = client.list_pods(field_selector=selector).items
+        if len(node_names) == 1:  # the pods memory is held for wait unbound (gpushare.io/holds)
+            pods += client.list_pods(field_selector=f"{LIVE_PODS},spec.nodeName=").items
     except KubeError as exc:
         raise _api_error(exc, "list pods", where) from exc
     return nodes, pods
@@ -171,7 +174,7 @@ def inspect(args: argparse.Namespace, client: KubeClient, warnings: list[str] | 
     nodes, pods = fetch(client, args.nodes)
     dra = fetch_dra(client, warnings if warnings is not None else [])
     unit = None if args.memory_unit == "auto" else MemoryUnit.parse(args.memory_unit)
-    report = build_report(nodes, pods, node_names=args.nodes, unit=unit, dra=dra)
+    report = build_report(nodes, pods, node_names=args.nodes, unit=unit, dra=dra, now=time.time())
     if args.nodes:
         missing = sorted(set(args.nodes) - {n.name for n in report.nodes})
         if missing:

@@ -102,9 +102,14 @@ def _cluster_lines(report: Report) -> list[str]:
 
 
 def _legend(report: Report) -> list[str]:
+    lines = []
     if any(not g.healthy for n in report.nodes for g in n.gpus):
-        return [f"{UNHEALTHY_MARK} unhealthy GPU: no new pods are placed on it"]
-    return []
+        lines.append(f"{UNHEALTHY_MARK} unhealthy GPU: no new pods are placed on it")
+    held = sum(n.held_total for n in report.nodes)
+    if held:
+        unit = report.unit.value
+        lines.append(f"Held for pods not bound yet: {held} {unit} (free to the holders only; see -d)")
+    return lines
 
 
 def _used(mib: int | None, unit: str) -> str:
@@ -207,6 +212,10 @@ def _node_details(n: NodeRow, unit: str, style: Style) -> list[str]:
     if n.hard_limit is not None:
         color = "" if n.hard_limit.enforced else _YELLOW
         lines.append(f"Hard GPU Memory Limit:  {style.paint(n.hard_limit.text, color)}")
+    for h in n.held:
+        gpus = ",".join(str(i) for i in h.gpus)
+        what = f"{h.per_gpu} {unit} on GPU {gpus}"
+        lines.append(f"Held({h.kind}):  {style.paint(what, _YELLOW)} for {h.holder}, {h.expires_in}s left")
     return lines
 
 

@@ -42,6 +42,9 @@ from share_core.gpus import node_gpus
 from share_core.gpuusage import UsageSummary
 from share_core.gpuusage import parse_gpu_usage
 from share_core.hardlimit import HardLimitStatus
+from share_core.holds import Hold
+from share_core.holds import InvalidHolds
+from share_core.holds import pod_holds
 from share_core.request import InvalidRequest
 from share_core.request import pod_request
 from share_inspect.dra import DraClaim
@@ -102,6 +105,23 @@ class GpuRow:
 
 
 @dataclass(slots=True)
+class HeldRow:
+    """GPU memory the extender holds on a node for a pod not bound yet (share_core.holds): what kind,
+    for whom, `per_gpu` on each of `gpus`, for `expires_in` more seconds."""
+
+    kind: str
+    holder: str
+    gpus: tuple[int, ...]
+    per_gpu: int
+    expires_in: int
+    anchor: str  # the pod whose gpushare.io/holds annotation records it
+
+    @property
+    def held(self) -> int:
+        return self.per_gpu * len(self.gpus)
+
+
+@dataclass(slots=True)
 class NodeRow:
     name: str
     address: str
@@ -112,10 +132,15 @@ class NodeRow:
     usage_time: str | None = None  # when the plugin measured the `used` figures; None: it reports none
     mode: str = MODE_DEVICE_PLUGIN
     hard_limit: HardLimitStatus | None = None  # the node agent's `gpushare.io/hard-limit`; None: not said
+    held: list[HeldRow] = field(default_factory=list)  # memory held here for pods not bound yet
 
     @property
     def allocated(self) -> int:
         return sum(g.allocated for g in self.gpus) + self.pending
+
+    @property
+    def held_total(self) -> int:
+        return sum(h.held for h in self.held)
 
     @property
     def used_mib(self) -> int | None:
@@ -323,6 +348,8 @@ def _scale(node: NodeRow, factor: int) -> None:
         p.gpus = {i: u * factor for i, u in p.gpus.items()}
         p.pending *= factor
     node.pending *= factor
+    for h in node.held:
+        h.per_gpu *= factor
 
 
 def build_report(
@@ -332,12 +359,15 @@ def build_report(
     node_names: Sequence[str] = (),
     unit: MemoryUnit | None = None,
     dra: DraState | None = None,
+    now: float | None = None,
 ) -> Report:
     """The report over GPU-share nodes (only `node_names` when given) and the live pods bound to them.
 
     `unit` forces the resource unit; None detects it per node (see `node_unit`). A cluster whose nodes
     disagree is shown in MiB, the finer unit, so nothing is rounded away. `dra` (see share_inspect.dra)
     adds the nodes whose GPUs are published as ResourceSlices, with their allocated claims, in the same table.
+    With `now` (seconds since the epoch), the holds recorded on pods (gpushare.io/holds) that are still
+    live are shown on their nodes.
     """
     wanted = set(node_names)
     nodes = list(nodes)
@@ -360,6 +390,16 @@ def build_report(
                     "plugin's GPUs are shown; run one per node (chart mode both, label gpushare.io/mode=dra)"
                 )
         built.extend(_dra_nodes(dra, nodes, pods, names, wanted, unit))
+    hold_problems: list[str] = []
+    if now is not None:
+        rows_by_name = {row.name: row for row, _ in built}
+        for key, hold in live_holds(pods, now, hold_problems):
+            row = rows_by_name.get(hold.node)
+            if row is not None:
+                row.held.append(
+                    HeldRow(str(hold.kind), hold.holder or hold.holder_uid, hold.gpus, hold.per_gpu,
+                            max(round(hold.expires - now), 0), key)
+                )  # fmt: skip
     display = unit or (MemoryUnit.MiB if any(u is MemoryUnit.MiB for _, u in built) else MemoryUnit.GiB)
     for row, u in built:
         _scale(row, u.mib // display.mib)
@@ -370,7 +410,27 @@ def build_report(
         if n not in shown and (not wanted or n in wanted or not n)
         for p in texts
     ]  # fmt: skip
-    return Report(display, sorted((row for row, _ in built), key=lambda r: r.name), other)
+    return Report(display, sorted((row for row, _ in built), key=lambda r: r.name), other + hold_problems)
+
+
+def live_holds(pods: Iterable[Obj], now: float, problems: list[str]) -> list[tuple[str, Hold]]:
+    """(anchor pod, hold) for every unexpired hold the pods' gpushare.io/holds annotations record, as the
+    extender counts them: a bound pod's own holds are spent (it has its GPUs); a garbled annotation is a
+    problem, never half-read."""
+    out = []
+    for pod in pods:
+        try:
+            holds = pod_holds(pod)
+        except InvalidHolds as exc:
+            problems.append(str(exc))
+            continue
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        bound = bool(pod_node(pod))
+        for h in holds:
+            if h.expired(now) or (bound and h.holder_uid == uid):
+                continue
+            out.append((pod_key(pod), h))
+    return out
 
 
 def _dra_nodes(
@@ -457,7 +517,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     """The stable, documented `-o json|yaml` schema (README.md); additive changes only within v1.
 
     `usedMiB` (per node, GPU, pod and pod GPU) and `usageTime` (per node) appear when the node's plugin
-    measures GPU memory (the `gpushare.io/gpu-usage` annotation).
+    measures GPU memory (the `gpushare.io/gpu-usage` annotation); `held` (per node) when the extender
+    holds memory there for pods not bound yet.
     """
     nodes = []
     for n in report.nodes:
@@ -512,6 +573,12 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         if n.hard_limit is not None:
             h = n.hard_limit
             node["hardLimit"] = {"enforced": h.enforced, "mode": h.mode, "reason": h.reason, "driver": h.driver}
+        if n.held:
+            node["held"] = [
+                {"kind": h.kind, "for": h.holder, "gpus": list(h.gpus), "perGpu": h.per_gpu, "held": h.held,
+                 "expiresIn": h.expires_in, "anchor": h.anchor}
+                for h in n.held
+            ]  # fmt: skip
         nodes.append(node)
     return {
         "schemaVersion": SCHEMA_VERSION,
@@ -525,5 +592,6 @@ def report_to_dict(report: Report) -> dict[str, Any]:
             "total": report.total,
             "pending": report.pending,
             "percent": round(percent(report.allocated, report.total), 1),
+            **({"held": held} if (held := sum(n.held_total for n in report.nodes)) else {}),
         },
     }

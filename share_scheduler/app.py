@@ -8,6 +8,7 @@ HTTP onto it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from share_core.contract import EXTENDER_PREFIX
 from share_core.kube import KubeClient
 from share_scheduler.service import Extender
 from share_scheduler.service import TimedVerb
+from share_scheduler.starvation import hold_summary
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ def create_app(
         "memo": extender.memo,
         "index": extender.index,
         "events": extender.events,
+        "starvation": extender.starvation,
         "verbs": verbs,
     }
     for path, fn in verbs.items():
@@ -79,16 +82,22 @@ def _verb_route(fn: TimedVerb) -> Callable[[], Response]:
 def _add_read_routes(app: Flask, extender: Extender) -> None:
     cache, metrics = extender.cache, extender.metrics
 
+    def with_holds(view: dict[str, Any], node: str | None = None) -> dict[str, Any]:
+        """The view plus the memory held for pods not bound yet (preemption, reservations, consolidation)."""
+        holds = hold_summary(cache.holds.holds(), time.time())
+        view["holds"] = [h for h in holds if node is None or h["node"] == node]
+        return view
+
     @app.get(f"{EXTENDER_PREFIX}/inspect")
     def inspect_all() -> Response:
-        return _json(cache.snapshot())
+        return _json(with_holds(cache.snapshot()))
 
     @app.get(f"{EXTENDER_PREFIX}/inspect/<node>")
     def inspect_node(node: str) -> Response:
         view = cache.snapshot(node)
         if not view["nodes"]:
             return _json({"Error": f"node {node} is not known to the gpushare extender"}, 404)
-        return _json(view)
+        return _json(with_holds(view, node))
 
     @app.get("/healthz")
     def healthz() -> Response:

@@ -62,6 +62,8 @@ from share_scheduler.nodes import PodRecord
 from share_scheduler.nodes import demand_of
 from share_scheduler.nodes import pod_holds_facts
 from share_scheduler.nodes import pod_record
+from share_scheduler.waiting import WaitingPods
+from share_scheduler.waiting import waiting_pod
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,8 @@ class ClusterCache:
         self._on_largest_gpu: Callable[[int], None] | None = None
         # GPU memory held for pods not bound yet (preemption, reservations), fed by the pod watch.
         self.holds = HoldBook()
+        # Unbound pods asking GPU memory, with their age (the reservations loop, waits by class).
+        self.waiting = WaitingPods()
 
     def set_observer(self, on_new_pod: Callable[[Demand], None] | None) -> None:
         """Called once per pod with its demand, GPU or not (under the cache lock: keep it quick); a pod
@@ -442,7 +446,8 @@ class ClusterCache:
                 host = (c.cpu, c.memory) if c is not None else pod_host_request(pod)[:2]
                 demand = demand_of(request, *host)
         holds, hold_problem = pod_holds_facts(pod)
-        return PodFacts(record, pod_is_finished(pod), demand, holds, hold_problem)
+        waiting = waiting_pod(pod) if not record.node else None
+        return PodFacts(record, pod_is_finished(pod), demand, holds, hold_problem, waiting)
 
     def _note_request(self, facts: PodFacts) -> None:
         """Tell a workload-aware policy about each pod once (at the initial sync and as pods arrive):
@@ -474,6 +479,7 @@ class ClusterCache:
         self.holds.pod_seen(
             record.key, record.uid, record.node, record.owner_uid, facts.finished, facts.holds, facts.hold_problem
         )
+        self.waiting.seen(record.key, record.uid, record.node, facts.waiting)
         self._pods[record.key] = record
         assumed = self._assumed.get(record.key)
         if assumed is not None and (record.node or (assumed.uid and record.uid and assumed.uid != record.uid)):
@@ -487,6 +493,7 @@ class ClusterCache:
         record = self._pods.pop(key, None)
         self._assumed.pop(key, None)
         self.holds.pod_gone(key)
+        self.waiting.gone(key)
         if record is not None:
             self._seen_requests.discard(record.uid or key)
         self._refresh(key)
@@ -515,6 +522,7 @@ class ClusterCache:
                 self._set_pod_locked(facts)
                 keys.add(facts.record.key)
             self.holds.keep_only(keys)
+            self.waiting.keep_only(keys)
             for key in set(self._pods) - keys:
                 record = self._pods.pop(key)
                 self._seen_requests.discard(record.uid or key)
@@ -648,6 +656,16 @@ class ClusterCache:
             self._expire()
             pods = self._pods
             return [pods[k] for k in self._by_node.get(node, ()) if k in pods and pods[k].node == node]
+
+    def record(self, key: str) -> PodRecord | None:
+        """What the cache knows of a pod (namespace/name), bound or not."""
+        with self._lock:
+            return self._pods.get(key)
+
+    def victim_running(self, node: str, uid: str) -> bool:
+        """Whether the pod of `uid` is still bound to `node` and not terminating (preemption's check that
+        its victims are going)."""
+        return any(r.uid == uid and not r.terminating for r in self.pods_on(node))
 
     def node_count(self) -> int:
         return len(self._nodes)

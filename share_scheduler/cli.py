@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from collections.abc import Sequence
 
 from share_core.config import add_config_arg
@@ -17,6 +18,7 @@ from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.config import DEFAULT_EXTENDER_URL
 from share_scheduler.config import print_config
 from share_scheduler.extender import FILTER_KEEPS
+from share_scheduler.starvation import StarvationConfig
 
 log = logging.getLogger("share_scheduler")
 
@@ -57,6 +59,7 @@ def serve(a: argparse.Namespace) -> None:
         dra=a.dra,
         leader_lease=a.leader_lease or None,
         leader_identity=a.leader_identity or None,
+        starvation=starvation_config(a),
     )
     app = create_app(extender=extender)
     try:
@@ -68,6 +71,91 @@ def serve(a: argparse.Namespace) -> None:
         raise SystemExit(f"share-scheduler: cannot listen on {a.bind_address}:{a.port}: {exc}") from exc
     server.serve_forever()
     extender.stop()
+
+
+def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) -> None:
+    """Reservations and consolidation for pods that waited too long (share_scheduler.starvation); the
+    defaults are share-sim's (StarvationConfig)."""
+    c = StarvationConfig()
+    p.add_argument(
+        "--reservations",
+        action=argparse.BooleanOptionalAction,
+        default=d(c.reserve),
+        help="hold GPU room for pods that waited too long (the leader only; default on)",
+    )
+    p.add_argument(
+        "--reserve-after",
+        type=float,
+        default=d(c.wait_threshold),
+        help=f"seconds a pod waits before it gets a reservation or a consolidation (default {c.wait_threshold:g})",
+    )
+    p.add_argument(
+        "--max-reservations",
+        type=int,
+        default=d(c.max_reservations),
+        help=f"reservations at once, cluster-wide (default {c.max_reservations})",
+    )
+    p.add_argument(
+        "--reservation-share",
+        type=float,
+        default=d(c.max_share),
+        help=f"the share of the cluster's GPU memory reservations may take together (default {c.max_share:g})",
+    )
+    p.add_argument(
+        "--hold-seconds",
+        type=float,
+        default=d(c.hold_seconds),
+        help=f"how long one hold lasts (default {c.hold_seconds:g})",
+    )
+    p.add_argument(
+        "--remedy-min-gpus",
+        type=int,
+        default=d(c.min_gpus),
+        help=f"pods asking at least this many GPUs get reservations and consolidation (default {c.min_gpus})",
+    )
+    p.add_argument(
+        "--starvation-period",
+        type=float,
+        default=d(c.period),
+        help=f"seconds between two passes of the loop (default {c.period:g})",
+    )
+    p.add_argument("--scheduler-name", default=d(c.scheduler), help="the profile whose waiting pods are weighed")
+    p.add_argument(
+        "--consolidation",
+        action=argparse.BooleanOptionalAction,
+        default=d(c.consolidate),
+        help="evict pods that may move (a controller recreates them) so that a waiting pod fits, through the "
+        "Eviction API (PodDisruptionBudgets honoured), only when the policy places every moved pod again; "
+        "default off",
+    )
+    p.add_argument(
+        "--consolidation-max-moves",
+        type=int,
+        default=d(c.max_moves),
+        help=f"pods one consolidation may evict (default {c.max_moves})",
+    )
+    p.add_argument(
+        "--evictions-per-minute",
+        type=int,
+        default=d(c.evictions_per_minute),
+        help=f"consolidation's evictions a minute at most (default {c.evictions_per_minute})",
+    )
+
+
+def starvation_config(a: argparse.Namespace) -> StarvationConfig:
+    return StarvationConfig(
+        reserve=a.reservations,
+        wait_threshold=a.reserve_after,
+        max_reservations=a.max_reservations,
+        max_share=a.reservation_share,
+        hold_seconds=a.hold_seconds,
+        period=a.starvation_period,
+        scheduler=a.scheduler_name,
+        min_gpus=a.remedy_min_gpus,
+        consolidate=a.consolidation,
+        max_moves=a.consolidation_max_moves,
+        evictions_per_minute=a.evictions_per_minute,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="the hostname kube-scheduler names itself by in the Lease (default: this host's, shared by the "
             "containers of one pod)",
         )
+        starvation_flags(p, d)
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(
@@ -186,6 +275,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.threads < 1 or not 0 < args.port < 65536:
         print("share-scheduler: --threads must be >= 1 and --port in 1..65535", file=sys.stderr)
+        return 2
+    try:
+        starvation_config(args).check()
+    except ValueError as exc:
+        print(f"share-scheduler: {exc}", file=sys.stderr)
         return 2
     start_logging(args.log_level)
     serve(args)

@@ -69,6 +69,8 @@ def scheduler_config(
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
                 "bindVerb": "bind",
+                # Victims that free room on ONE GPU (share_scheduler.preempt); UIDs in, UIDs out (nodeCacheCapable).
+                "preemptVerb": "preempt",
                 "weight": EXTENDER_WEIGHT,
                 "httpTimeout": HTTP_TIMEOUT,
                 # Node names only: the extender has its own node cache (5,000 full nodes are tens of MB).
@@ -90,6 +92,9 @@ def scheduler_config(
         # DRA mode alone: kube-scheduler's DefaultBinder binds, after its DynamicResources PreBind wrote
         # the claims' allocation; the extender only filters.
         del config["extenders"][0]["bindVerb"]
+        del config["extenders"][0][
+            "preemptVerb"
+        ]  # a DRA pod's GPUs are its claims: kube-scheduler's DRA plugin weighs them
     if kubeconfig:
         config["clientConnection"] = {"kubeconfig": kubeconfig}
     return config

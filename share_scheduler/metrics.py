@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -11,7 +12,12 @@ from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from share_core.holds import HoldKind
 from share_scheduler.cache import ClusterCache
+from share_scheduler.starvation import StarvationMetrics
+from share_scheduler.waiting import WAIT_CLASSES
+from share_scheduler.waiting import WaitingPod
+from share_scheduler.waiting import wait_class
 
 # Fine where a healthy extender answers (filter ~1 ms, bind one API call ~5-20 ms), coarse beyond.
 _BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.035, 0.05,
@@ -113,4 +119,141 @@ class Metrics:
             "gpushare_events_failed", "Events the API server refused or did not answer", registry=self.registry
         )
         self.registry.register(_SyncedCollector(cache))
+        # Preemption (share_scheduler.preempt): the verb's answers, the decisions and how they ended.
+        self.preempt_calls = Counter(
+            "gpushare_preempt_calls", "preempt verb calls by result", ["result"], registry=self.registry
+        )
+        self.preempt_unknown_victims = Counter(
+            "gpushare_preempt_unknown_victims",
+            "victims kube-scheduler proposed that the extender's cache does not know (watch lag)",
+            registry=self.registry,
+        )
+        self.preempt_victims_added = Counter(
+            "gpushare_preempt_victims_added",
+            "victims the extender chose that kube-scheduler had not proposed on that node",
+            registry=self.registry,
+        )
+        self.preempt_victims_dropped = Counter(
+            "gpushare_preempt_victims_dropped",
+            "victims kube-scheduler proposed on the chosen node that the extender spared",
+            registry=self.registry,
+        )
+        self.preemptions = Counter(
+            "gpushare_preemptions",
+            "preemption decisions (verb: kube-scheduler evicts; extender: the leader evicts itself)",
+            ["source"],
+            registry=self.registry,
+        )
+        self.preemption_victims = Histogram(
+            "gpushare_preemption_victims",
+            "victims per preemption",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16),
+            registry=self.registry,
+        )
+        self.preempt_evictions = Counter(
+            "gpushare_preempt_evictions", "victims the extender itself evicted", registry=self.registry
+        )
+        self.preempt_eviction_errors = Counter(
+            "gpushare_preempt_eviction_errors", "evictions the API server refused or failed", registry=self.registry
+        )
+        self.preemption_outcomes = Counter(
+            "gpushare_preemption_outcomes",
+            "how preemptions ended: bound_on_freed_gpus, bound_elsewhere, timed_out, preemptor_deleted, "
+            "not_carried_out",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.preemption_wasted_evictions = Counter(
+            "gpushare_preemption_wasted_evictions",
+            "victims of preemptions whose preemptor was not bound on the freed GPUs within the hold's time",
+            registry=self.registry,
+        )
         self.gpus = GpuGauges(cache)
+        self._add_starvation(cache)
+
+    # -- waiting pods, holds, reservations and consolidation (share_scheduler.starvation) -----------
+
+    def _add_starvation(self, cache: ClusterCache) -> None:
+        self.reservations = Counter(
+            "gpushare_reservations",
+            "room the leader tried to hold for a pod that waited too long, by outcome (made, at_limit, over_budget, "
+            "no_node)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.consolidations = Counter(
+            "gpushare_consolidations",
+            "consolidations weighed for a waiting pod, by outcome (started, refused, rate_limited, over_budget, "
+            "stopped)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.consolidation_evictions = Counter(
+            "gpushare_consolidation_evictions",
+            "pods consolidation evicted, by outcome (evicted; refused: a PodDisruptionBudget said no; failed)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.pod_wait = Histogram(
+            "gpushare_pod_wait_seconds",
+            "how long GPU pods waited from creation until bound, by class (share, whole-gpu, multi-gpu)",
+            ["class"],
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400),
+            registry=self.registry,
+        )
+        self.registry.register(_WaitingCollector(cache))
+        self._cache = cache
+        cache.waiting.on_bound = self._waited
+
+    def _waited(self, pod: WaitingPod, node: str) -> None:
+        if pod.created:
+            self.pod_wait.labels(wait_class(pod.demand, self._cache.largest_gpu)).observe(pod.waited(time.time()))
+
+    def starvation_hooks(self) -> StarvationMetrics:
+        return StarvationMetrics(
+            reservation=lambda outcome: self.reservations.labels(outcome).inc(),
+            consolidation=lambda outcome: self.consolidations.labels(outcome).inc(),
+            eviction=lambda outcome: self.consolidation_evictions.labels(outcome).inc(),
+        )
+
+
+class _WaitingCollector:
+    """Holds by kind (count, units) and pods waiting by class (count, longest wait), read at scrape time."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Any:
+        unit = self.cache.unit.value
+        holds = GaugeMetricFamily("gpushare_holds", "GPU memory holds for pods not bound yet, by kind", labels=["kind"])
+        held = GaugeMetricFamily(
+            "gpushare_held_memory", f"GPU memory held for pods not bound yet ({unit}), by kind", labels=["kind"]
+        )
+        count = dict.fromkeys(HoldKind, 0)
+        units = dict.fromkeys(HoldKind, 0)
+        for _, h in self.cache.holds.holds():
+            count[h.kind] += 1
+            units[h.kind] += h.per_gpu * len(h.gpus)
+        for kind in HoldKind:
+            holds.add_metric([str(kind)], count[kind])
+            held.add_metric([str(kind)], units[kind])
+        yield holds
+        yield held
+        waiting = GaugeMetricFamily(
+            "gpushare_waiting_pods", "unbound pods asking GPU memory, by class", labels=["class"]
+        )
+        oldest = GaugeMetricFamily(
+            "gpushare_waiting_longest_seconds", "the longest wait of an unbound GPU pod, by class", labels=["class"]
+        )
+        now = time.time()
+        largest = self.cache.largest_gpu
+        by_class = {c: (0, 0.0) for c in WAIT_CLASSES}
+        for pod in self.cache.waiting.pods():
+            c = wait_class(pod.demand, largest)
+            n, longest = by_class[c]
+            by_class[c] = (n + 1, max(longest, pod.waited(now)))
+        for c, (n, longest) in by_class.items():
+            waiting.add_metric([c], n)
+            oldest.add_metric([c], longest)
+        yield waiting
+        yield oldest

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import datetime
 from typing import Any
 
 from share_core.assignment import parse_assignment
@@ -37,6 +38,7 @@ from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import NodeView
 from share_placement import node_view
+from share_scheduler.waiting import WaitingPod
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,8 @@ class PodRecord:
     priority: int = 0  # spec.priority (preemption weighs victims by it)
     owner_uid: str = ""  # the controller that recreates it ("" for a bare pod)
     terminating: bool = False  # deleted, still in its grace period: still counted, never a victim again
+    labels: tuple[tuple[str, str], ...] = ()  # a bound pod's labels: which PodDisruptionBudgets select it
+    started: float = 0.0  # status.startTime (epoch s; 0: not started): preemption's last tie-break
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,7 @@ class PodFacts:
     demand: Demand | None = None
     holds: tuple[Hold, ...] | None = None  # the pod's gpushare.io/holds (None: it has no such annotation)
     hold_problem: str = ""  # why its holds annotation could not be read
+    waiting: WaitingPod | None = None  # an unbound pod waiting for GPU room (share_scheduler.waiting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +103,13 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     node = pod_node(pod)
     if not node or pod_is_finished(pod):
         return PodRecord(key, uid, node, None, priority=pod_priority(pod), owner_uid=pod_controller_uid(pod))
-    who = {"priority": pod_priority(pod), "owner_uid": pod_controller_uid(pod), "terminating": pod_is_terminating(pod)}
+    who = {
+        "priority": pod_priority(pod),
+        "owner_uid": pod_controller_uid(pod),
+        "terminating": pod_is_terminating(pod),
+        "labels": pod_labels(pod),
+        "started": pod_started(pod),
+    }
     host = pod_host_request(pod)
     problem = f"CPU/memory request: {host.problem}" if host.problem else ""
     try:
@@ -117,6 +128,25 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         problem,
         **who,
     )
+
+
+def pod_labels(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """metadata.labels as sorted pairs (a tuple: records are frozen, and most pods share few label sets)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if not isinstance(labels, Mapping):
+        return ()
+    return tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+
+
+def pod_started(pod: Mapping[str, Any]) -> float:
+    """status.startTime as epoch seconds (0.0 when not started or unreadable)."""
+    text = (pod.get("status") or {}).get("startTime")
+    if not isinstance(text, str) or not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def pod_holds_facts(pod: Mapping[str, Any]) -> tuple[tuple[Hold, ...] | None, str]:

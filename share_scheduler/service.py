@@ -49,6 +49,11 @@ from share_scheduler.extender import policy_scores
 from share_scheduler.holds import Asker
 from share_scheduler.leader import Leadership
 from share_scheduler.metrics import Metrics
+from share_scheduler.preempt import DEFAULT_HOLD_SECONDS
+from share_scheduler.preempt import BudgetIndex
+from share_scheduler.preempt import Preemption
+from share_scheduler.starvation import Starvation
+from share_scheduler.starvation import StarvationConfig
 from share_scheduler.syncer import Syncer
 
 # A verb as the servers call it: raw request body in, (status, JSON bytes) out, its latency recorded.
@@ -87,6 +92,8 @@ class Extender:
         dra: bool = False,
         leader_lease: str | None = None,
         leader_identity: str | None = None,
+        preemption_hold: float = DEFAULT_HOLD_SECONDS,
+        starvation: StarvationConfig | None = None,
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
@@ -123,17 +130,44 @@ class Extender:
             cache.set_observer(self.observe)
         if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
             cache.set_largest_gpu_observer(self._largest_gpu)
-        self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff)
+        budgets = BudgetIndex()  # PodDisruptionBudgets, for preemption
+        self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff, budgets=budgets)
         # Who acts unasked (preemption's evictions, reservations): the replica beside the leading kube-scheduler.
         self.leadership = Leadership(kube, leader_lease, leader_identity)
         self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
+        # The preempt verb and the leader's own preemption (share_scheduler.preempt); its PDBs come with the sync.
+        self.preemption = Preemption(
+            kube,
+            cache,
+            unit,
+            self.events,
+            self.metrics,
+            self.leadership.is_leader,
+            hold_seconds=preemption_hold,
+            budgets=budgets,
+        )
+        # Room for pods that waited too long (reservations, consolidation): off unless configured.
+        self.starvation = Starvation(
+            kube,
+            cache,
+            policy,
+            self.binder.policy_lock,
+            self.leadership.is_leader,
+            self.events,
+            starvation or StarvationConfig(reserve=False),
+            metrics=self.metrics.starvation_hooks(),
+        )
 
     def start(self) -> None:
         self.syncer.start()
         self.leadership.start()
+        self.preemption.start()
+        self.starvation.start()
 
     def stop(self) -> None:
+        self.preemption.stop()
         self.leadership.stop()
+        self.starvation.stop()
         self.syncer.stop()
 
     def observe(self, demand: Demand) -> None:
@@ -197,6 +231,10 @@ class Extender:
             self.binder.hold(args.pod, passed[0], demand)
             if claims is not None:
                 self.claims.hold(args.pod, passed[0], claims)
+        if not passed and failed:
+            # No node: preemption may help on the failed ones; where kube-scheduler finds no candidate of
+            # its own (fragmentation only), the leader acts on this note (share_scheduler.preempt).
+            self.preemption.after_filter(args.pod, failed)
         return 200, filter_result(args, passed, failed, unresolvable)
 
     def _held(self, pod: Mapping[str, Any]) -> dict[str, dict[int, int]]:
@@ -245,7 +283,12 @@ class Extender:
     def timed_verbs(self) -> dict[str, TimedVerb]:
         """The verbs by URL path, each timed and answering JSON bytes: the Flask routes call them, and so
         does share_scheduler.server's lean front for kube-scheduler."""
-        verbs = {"filter": self.filter, "prioritize": self.prioritize, "bind": self.bind}
+        verbs = {
+            "filter": self.filter,
+            "prioritize": self.prioritize,
+            "bind": self.bind,
+            "preempt": self.preemption.preempt,
+        }
         return {f"{EXTENDER_PREFIX}/{name}": self._timed(name, fn) for name, fn in verbs.items()}
 
     def _timed(self, name: str, fn: Callable[[bytes], tuple[int, Any]]) -> TimedVerb:

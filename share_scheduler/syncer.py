@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import Any
 
 from share_core.kube import Gone
 from share_core.kube import KubeClient
@@ -32,6 +33,8 @@ DRA_KINDS = {
     "resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
     "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims",
 }
+# PodDisruptionBudgets, which preemption weighs (share_scheduler.preempt).
+PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
 
 
 # Young-generation threshold and the gen1/gen2 multipliers used once the cache is built. A
@@ -91,15 +94,21 @@ class Syncer:
         cache: ClusterCache,
         watch_timeout: int = 300,
         backoff: Callable[[], Backoff] = Backoff,
+        budgets: Any = None,
     ) -> None:
         self.kube = kube
         self.cache = cache
+        # PodDisruptionBudgets (preemption's first rule), when given: an object with replace(items),
+        # upsert(obj), delete(obj) (share_scheduler.preempt.BudgetIndex). Not part of `cache.synced`.
+        self.budgets = budgets
         self.watch_timeout = watch_timeout
         self._backoff = backoff
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         # DRA mode: our ResourceSlices and every ResourceClaim too (share_scheduler.drastate).
         self.kinds = ("nodes", "pods", *DRA_KINDS) if cache.dra else ("nodes", "pods")
+        if budgets is not None:
+            self.kinds = (*self.kinds, "pdbs")
         self.lists = dict.fromkeys(self.kinds, 0)
         self.errors = dict.fromkeys(self.kinds, 0)
         self._frozen = False
@@ -127,6 +136,10 @@ class Syncer:
                 result = self.kube.list_nodes()
                 self.cache.replace_nodes(result.items)
                 count, rv = len(result.items), result.resource_version
+            elif kind == "pdbs":
+                result = self.kube.list_path(PDB_PATH)
+                self.budgets.replace(result.items)
+                count, rv = len(result.items), result.resource_version
             elif kind in DRA_KINDS:
                 result = self.kube.list_path(DRA_KINDS[kind])
                 replace = self.cache.replace_slices if kind == "resourceslices" else self.cache.replace_claims
@@ -148,6 +161,8 @@ class Syncer:
         return rv
 
     def _watch(self, kind: str, rv: str) -> Iterator[WatchEvent]:
+        if kind == "pdbs":
+            return self.kube.watch_path(PDB_PATH, rv, timeout_seconds=self.watch_timeout)
         if kind in DRA_KINDS:
             return self.kube.watch_path(DRA_KINDS[kind], rv, timeout_seconds=self.watch_timeout)
         if kind == "nodes":
@@ -163,6 +178,8 @@ class Syncer:
                 self.cache.delete_node(str((ev.object.get("metadata") or {}).get("name") or ""))
             else:
                 self.cache.upsert_node(ev.object)
+        elif kind == "pdbs":
+            (self.budgets.delete if ev.type == "DELETED" else self.budgets.upsert)(ev.object)
         elif kind == "resourceslices":
             (self.cache.delete_slice if ev.type == "DELETED" else self.cache.upsert_slice)(ev.object)
         elif kind == "resourceclaims":

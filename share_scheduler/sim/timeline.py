@@ -37,6 +37,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -164,8 +165,9 @@ class TimelineHooks:
     """Where issue 40's remedies plug in; this default changes nothing.
 
     `held` may reduce the room some pods see (reservations, holds for moved pods: share_core.holds'
-    `held_units` decides which); `after_event` runs after every arrival and departure (a consolidation
-    step: it may `Timeline.release`, `Timeline.place` and `Timeline.retry_on`)."""
+    `held_units` decides which, `Timeline.held_views` turns its answer into views); `after_event` runs
+    after every arrival and departure (a consolidation step: it may `Timeline.release`, `Timeline.place`,
+    `Timeline.unqueue` and `Timeline.retry_on`)."""
 
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
         """Nodes whose room arrival `seq` must see reduced, as the views it sees; None: no hold applies."""
@@ -269,6 +271,7 @@ class Timeline:
         self.pod_class = [CLASSES.index(pod_class(p, unit)) for p in workload.pods]
         self.pod_gpu = [p.gpu_request for p in workload.pods]
         self.pod_priority = [p.priority for p in workload.pods]
+        self.node_index = {n.name: i for i, n in enumerate(workload.nodes)}
         n = len(arrivals)
         self.started: list[float | None] = [None] * n  # when each arrival was placed
         self.where: dict[int, tuple[int, tuple[int, ...]]] = {}  # running seq -> (node, view positions)
@@ -293,6 +296,24 @@ class Timeline:
         for _, seq in keys:
             a = self.arrivals[seq]
             yield seq, a.pod, a.time
+
+    def held_views(self, held: Mapping[str, Mapping[int, int]]) -> dict[int, NodeView]:
+        """share_core.holds.held_units' answer (node name -> GPU index -> units held against a pod) as the
+        reduced views `TimelineHooks.held` returns: those units counted as taken (never below 0 free)."""
+        out: dict[int, NodeView] = {}
+        for name, per_gpu in held.items():
+            node = self.node_index.get(name)
+            if node is None:
+                raise ValueError(f"a hold names node {name!r}, which is not in the simulated cluster")
+            gpus, cpu, mem = self.cluster.view(node)
+            reduced = list(gpus)
+            for g, units in per_gpu.items():
+                if not 0 <= g < len(reduced):
+                    raise ValueError(f"a hold names GPU {g} of node {name!r}, which has {len(reduced)}")
+                model, free = reduced[g]
+                reduced[g] = (model, max(0, free - units))
+            out[node] = (tuple(reduced), cpu, mem)
+        return out
 
     # --- time ---
     def _advance(self, t: float) -> None:

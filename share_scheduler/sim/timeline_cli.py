@@ -57,6 +57,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed-start", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--json", action="store_true", help="one JSON object per policy and load, one a line")
+    p.add_argument(
+        "--preempt",
+        choices=("on", "off"),
+        help="priority preemption (share_scheduler/sim/preemption.py): on evicts lower-priority pods for a pod that "
+        "fits nowhere, as the extender does; off runs the same engine without it; both add per-priority waits",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="allocation and waiting pods over time (needs matplotlib)")
     remedies.add_arguments(p)
     args = p.parse_args(argv)
@@ -64,6 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.remedies = remedies.options_from(args)
     except ValueError as exc:
         p.error(str(exc))
+    if args.preempt is not None and args.remedies.any:
+        # Two engines over one Timeline (sim/preemption.py and sim/remedies.py); not yet one run.
+        p.error("--preempt runs apart from the starvation remedies: give --preempt or --reserve/--consolidate")
     if args.yaml and (args.nodes or args.pods):
         p.error("give either --yaml or --nodes and --pods, not both")
     if not args.yaml and not (args.nodes and args.pods):
@@ -98,6 +107,7 @@ def run_one(
     warmup_days: float,
     cap_days: float,
     replay: float | None = None,
+    preempt: str | None = None,
     options: remedies.RemedyOptions | None = None,
 ) -> TimelineResult:
     """One seed of one policy at one load (or the trace replayed), the policy built as the extender builds it;
@@ -108,7 +118,13 @@ def run_one(
         assert rho is not None
         arrivals = poisson_arrivals(workload, rho, days, cap_days, seed)
     policy = build_policy(name, seed, workload)
-    if options is not None and options.any:
+    if preempt is not None:
+        from share_scheduler.sim.preemption import simulate_preemption_timeline
+
+        result: TimelineResult = simulate_preemption_timeline(
+            workload, policy, arrivals, warmup_days * DAY, days * DAY, seed=seed, preempt=preempt == "on"
+        )
+    elif options is not None and options.any:
         result = remedies.simulate_with_remedies(
             workload, policy, arrivals, warmup_days * DAY, days * DAY, options, seed=seed
         )
@@ -140,6 +156,20 @@ def mean_figures(per_seed: list[dict]) -> dict:
     mean["classes"] = {
         c: {k: _avg([f["classes"][c][k] for f in per_seed]) for k in ("pods", *FIGURES)} for c in CLASSES
     }
+    if all("preemption" in f for f in per_seed):  # --preempt: the numbers averaged, per priority too
+        runs = [f["preemption"] for f in per_seed]
+        mean["preemption"] = {
+            k: _avg([r[k] for r in runs]) for k, v in runs[0].items() if k not in ("enabled", "by_priority")
+        }
+        mean["preemption"]["enabled"] = runs[0]["enabled"]
+        prios = sorted({p for r in runs for p in r["by_priority"]}, key=int, reverse=True)
+        mean["preemption"]["by_priority"] = {
+            p: {
+                k: _avg([r["by_priority"].get(p, {}).get(k) for r in runs])
+                for k in ("pods", "waited_pct", "p50_s", "p99_s", "max_s")
+            }
+            for p in prios
+        }
     return mean
 
 
@@ -164,11 +194,14 @@ def run(
     cap_days: float,
     replay: float | None = None,
     jobs: int = 1,
+    preempt: str | None = None,
     options: remedies.RemedyOptions | None = None,
 ) -> list[tuple[dict, list[TimelineResult]]]:
     """Every (policy, load) over every seed: (summary, the seeds' results) in policy-then-load order."""
     tasks = [(name, rho, seed) for name in policies for rho in rhos for seed in seeds]
-    args = [(workload, name, seed, rho, days, warmup_days, cap_days, replay, options) for name, rho, seed in tasks]
+    args = [
+        (workload, name, seed, rho, days, warmup_days, cap_days, replay, preempt, options) for name, rho, seed in tasks
+    ]
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             results = [f.result() for f in [pool.submit(run_one, *a) for a in args]]
@@ -293,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.cap_days,
             args.replay,
             args.jobs,
+            args.preempt,
             args.remedies,
         )
     except ValueError as exc:
@@ -306,6 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(row, allow_nan=False))
     else:
         print(format_table(rows, workload, args.days, args.warmup_days))
+        if args.preempt:
+            from share_scheduler.sim.preemption import format_preemption
+
+            print(format_preemption(rows))
         if args.plot:
             print(f"plot: {args.plot}")
     return 0

@@ -73,10 +73,10 @@ def sa_identity(namespace: str, name: str) -> tuple[str, list[str]]:
     return f"system:serviceaccount:{namespace}:{name}", groups
 
 
-def install_chart_rbac(cp: ControlPlane) -> list[dict[str, Any]]:
-    """Apply the chart's service accounts and RBAC (release RELEASE in NAMESPACE); returns every
-    object the chart rendered."""
-    objects = render_chart(release=RELEASE, namespace=NAMESPACE)
+def install_chart_rbac(cp: ControlPlane, set_values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Apply the chart's service accounts and RBAC (release RELEASE in NAMESPACE, with `set_values`, e.g.
+    {"consolidation.enabled": True}); returns every object the chart rendered."""
+    objects = render_chart(set_values=set_values, release=RELEASE, namespace=NAMESPACE)
     cp.kubectl("create", "namespace", NAMESPACE, check=False)
     rbac = [o for o in objects if o.get("kind") in RBAC_KINDS]
     if not any(o["kind"] == "ClusterRole" for o in rbac):

@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,19 @@ WATCH_SECONDS = 2  # each of the pod watches (resumed until the run is done)
 
 
 class PodWatch:
-    """The latest version of every pod in the namespace, from one watch; waiters are woken per event."""
+    """The latest version of every pod in the namespace, from one watch; waiters are woken per event, and
+    `on_event(type, pod)` is called for each (in the watch's thread, before the waiters wake)."""
 
-    def __init__(self, admin: ApiServerClient, resource_version: str) -> None:
+    def __init__(
+        self,
+        admin: ApiServerClient,
+        resource_version: str,
+        namespace: str = NAMESPACE,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
+        self.namespace = namespace
+        self.on_event = on_event
         self.changed = threading.Condition()
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -57,12 +67,14 @@ class PodWatch:
         try:
             while not self._stop.is_set():
                 for event in admin.watch_pods(
-                    rv, field_selector=f"metadata.namespace={NAMESPACE}", timeout_seconds=WATCH_SECONDS
+                    rv, field_selector=f"metadata.namespace={self.namespace}", timeout_seconds=WATCH_SECONDS
                 ):
                     rv = event.object.get("metadata", {}).get("resourceVersion") or rv
                     if event.type not in ("ADDED", "MODIFIED", "DELETED"):
                         continue
                     name = event.object["metadata"]["name"]
+                    if self.on_event is not None:
+                        self.on_event(event.type, event.object)
                     with self.changed:
                         self.pods[name] = event.object
                         self.changed.notify_all()
@@ -82,7 +94,7 @@ class PodWatch:
                 pod = self.pods.get(name)
                 if pod is not None and pod_node(pod):
                     return "bound"
-                if pod is not None and _unschedulable(pod):
+                if pod is not None and unschedulable(pod):
                     return "unschedulable"
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -94,7 +106,7 @@ class PodWatch:
         self._thread.join(WATCH_SECONDS + 5)
 
 
-def _unschedulable(pod: dict[str, Any]) -> bool:
+def unschedulable(pod: dict[str, Any]) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if (
             cond.get("type") == "PodScheduled"

@@ -190,7 +190,8 @@ def test_device_plugin_rbac_enforced(
         # the extender
         (("list", "nodes"), True),
         (("watch", "pods", "-A"), True),
-        (("patch", "pods", "-n", "default"), False),  # annotations travel on the Binding
+        (("patch", "pods", "-n", "default"), True),  # the holds annotation (assignments travel on the Binding)
+        (("create", "pods", "--subresource=eviction", "-n", "default"), False),  # consolidation is off by default
         (("create", "pods", "--subresource=binding", "-n", "default"), True),
         (("create", "events", "-n", "default"), True),
         (("create", "events.events.k8s.io", "-n", "default"), True),

@@ -80,6 +80,9 @@ def plane(k8s_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     finally:
         hook.stop()
         cp.stop()
+        # what kubectl printed in the tests that ran, written at the module's end, not by whichever test is last
+        (ROOT / "build").mkdir(exist_ok=True)
+        (ROOT / "build" / "webhook-kubectl-outputs.json").write_text(json.dumps(PRINTED, indent=1))
 
 
 def _failure_policy(cp: ControlPlane, value: str) -> None:
@@ -278,5 +281,3 @@ def test_webhook_down_refuses_our_pods_admits_the_rest_and_restarts_on_its_secre
     assert owners == [("MutatingWebhookConfiguration", NAME, mutating["metadata"]["uid"])], "deleted with it"
     ca = base64.b64decode(secret_after["data"]["ca.crt"]).decode()
     assert all(base64.b64decode(b).decode() == ca for b in hook.ca_bundles())
-    (ROOT / "build").mkdir(exist_ok=True)
-    (ROOT / "build" / "webhook-kubectl-outputs.json").write_text(json.dumps(PRINTED, indent=1))

@@ -168,6 +168,18 @@ memoryUnit: {{ .Values.memoryUnit }}
 {{- if include "gpushare.draPlacementOn" . }}
 dra: true
 {{- end }}
+{{- $r := .Values.reservations }}
+{{- $c := .Values.consolidation }}
+# Pods that waited too long: reservations and consolidation (docs/operations.md).
+reservations: {{ $r.enabled }}
+reserveAfter: {{ $r.waitSeconds }}
+remedyMinGpus: {{ $r.minGpus }}
+maxReservations: {{ $r.maxPods }}
+reservationShare: {{ $r.maxShare }}
+holdSeconds: {{ $r.holdSeconds }}
+consolidation: {{ $c.enabled }}
+consolidationMaxMoves: {{ $c.maxMoves }}
+evictionsPerMinute: {{ $c.evictionsPerMinute }}
 logLevel: {{ upper .Values.logLevel }}
 {{- end }}
 

@@ -49,6 +49,7 @@ extenders:
     {{- end }}
     {{- if include "gpushare.devicePluginOn" . }}
     bindVerb: bind
+    preemptVerb: preempt
     {{- end }}
     nodeCacheCapable: true
     httpTimeout: {{ .Values.scheduler.httpTimeout }}

@@ -102,6 +102,7 @@ def test_dra_mode_places_claims_by_the_policy_through_a_filter_only_extender(dra
     sched = yaml.safe_load(configs["gpushare-scheduler-config"]["data"]["scheduler-config.yaml"])
     (extender,) = sched["extenders"]
     assert extender["filterVerb"] == "filter" and "bindVerb" not in extender  # kube-scheduler binds DRA pods
+    assert "preemptVerb" not in extender  # kube-scheduler's DRA plugin weighs a claim's devices itself
     assert "managedResources" not in extender
     roles = {r["metadata"]["name"]: r["rules"] for r in h.objects(dra_docs, "ClusterRole")}
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims"],

@@ -130,6 +130,8 @@ def test_all_options_sets_every_key_of_values_yaml() -> None:
         ({"devicePlugin.monitor.overLimit": "evict"}, "overLimit"),
         ({"devicePlugin.monitor.interval": 0}, "interval"),
         ({"devicePlugin.mpsRoot": "run/mps"}, "mpsRoot"),
+        ({"reservations.maxShare": 1.5}, "maxShare"),
+        ({"consolidation.enabled": "yes"}, "enabled"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
@@ -224,10 +226,49 @@ def test_extender_rbac_is_exactly_what_it_calls(default_docs: list[Obj]) -> None
         ("", "pods", "get", ()),
         ("", "pods", "list", ()),
         ("", "pods", "watch", ()),
+        ("", "pods", "patch", ()),  # the gpushare.io/holds annotation of a reservation
         ("", "pods/binding", "create", ()),  # the assignment annotations travel on the Binding
+        ("", "pods", "patch", ()),  # preemption: the gpushare.io/holds annotation on the preemptor
+        ("", "pods", "delete", ()),  # preemption where kube-scheduler has no candidate: the victims
+        ("", "pods/status", "patch", ()),  # ... marked DisruptionTarget first, as kube-scheduler does
+        ("policy", "poddisruptionbudgets", "list", ()),  # preemption ranks candidates by PDB violations
+        ("policy", "poddisruptionbudgets", "watch", ()),
         ("", "events", "create", ()),
         ("events.k8s.io", "events", "create", ()),
     }
+
+
+def test_only_consolidation_may_evict(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    """Evictions through the Eviction API only when consolidation is on (all-options turns it on)."""
+    assert ("", "pods/eviction", "create", ()) not in _flatten(h.cluster_role_rules(default_docs, "scheduler"))
+    assert ("", "pods/eviction", "create", ()) in _flatten(h.cluster_role_rules(all_docs, "scheduler"))
+
+
+def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    default = extender_args(default_docs)
+    from share_scheduler.starvation import StarvationConfig
+
+    config = StarvationConfig()  # the chart's defaults are the extender's, which are share-sim's
+    assert (default.reservations, default.reserve_after, default.max_reservations) == (
+        True,
+        config.wait_threshold,
+        config.max_reservations,
+    )
+    assert (default.reservation_share, default.hold_seconds, default.consolidation) == (
+        config.max_share,
+        config.hold_seconds,
+        False,
+    )
+    assert (default.remedy_min_gpus, default.evictions_per_minute) == (config.min_gpus, config.evictions_per_minute)
+    every = extender_args(all_docs)
+    assert (every.reservations, every.reserve_after, every.max_reservations, every.remedy_min_gpus) == (
+        False,
+        120,
+        2,
+        1,
+    )
+    assert (every.reservation_share, every.hold_seconds) == (0.1, 300)
+    assert (every.consolidation, every.consolidation_max_moves, every.evictions_per_minute) == (True, 1, 3)
 
 
 @both
@@ -628,7 +669,7 @@ def test_config_key_facts(docs: list[Obj]) -> None:
     assert cfg["percentageOfNodesToScore"] in (100, 70)  # 70: all-options sets it
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["gpushare-scheduler"]
     ext = cfg["extenders"][0]
-    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"], ext["preemptVerb"]) == ("filter", "bind", "preempt")
     assert ("prioritizeVerb" in ext) == ("weight" in ext)
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     assert "managedResources" not in ext  # every pod of the profile reaches the extender (IsInterested)

@@ -30,7 +30,8 @@ def hold(kind=HoldKind.PREEMPTION, node="n1", gpus=(0,), per_gpu=5, priority=100
 def test_preemption_hold_applies_to_lower_priority_only():
     h = hold(kind=HoldKind.PREEMPTION, priority=100)
     assert h.applies_to(99, "uid-small")
-    assert not h.applies_to(100, "uid-peer")  # kube-scheduler lets an equal or higher pod pass a nominated one
+    assert h.applies_to(100, "uid-peer")  # kube-scheduler counts a nominated pod against pods of <= priority
+    assert not h.applies_to(101, "uid-vip")
     assert not h.applies_to(1000, "uid-vip")
 
 
@@ -57,7 +58,8 @@ def test_held_units_sums_per_gpu_and_skips_expired_and_own():
     assert held_units(holds, 0, "x", now=T0) == {"n1": {0: 5, 1: 8}}
     assert held_units(holds, 0, "a", now=T0) == {"n1": {1: 3}}
     assert held_units(holds, 0, "x") == {"n1": {0: 5, 1: 8}, "n2": {2: 7}}  # no clock: none expire
-    assert held_units(holds, 100, "x", now=T0) == {}
+    assert held_units(holds, 100, "x", now=T0) == {"n1": {0: 5, 1: 8}}  # a peer of the holders: kept off too
+    assert held_units(holds, 101, "x", now=T0) == {}
 
 
 def test_annotation_round_trip():

@@ -72,7 +72,7 @@ def test_print_config_shape(capsys):
     (ext,) = cfg["extenders"]
     assert set(ext) <= EXTENDER_FIELDS
     assert ext["urlPrefix"] == "http://10.0.0.1:9999/gpushare-scheduler"
-    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert (ext["filterVerb"], ext["bindVerb"], ext["preemptVerb"]) == ("filter", "bind", "preempt")
     assert "prioritizeVerb" not in ext and "weight" not in ext  # filter keeps the policy's best nodes
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     # No managedResources: kube-scheduler (HTTPExtender.IsInterested) calls us for every pod of the profile.

@@ -54,10 +54,12 @@ def test_preemption_hold_keeps_lower_priority_pods_off_the_freed_gpu(kube, exten
     assert passes(ext, kube.pods[("default", "big")]) == ["node-a"]  # the holder sees its own hold as its own
 
 
-def test_preemption_hold_lets_equal_priority_pass(kube, extender_factory):
-    """As kube-scheduler lets a pod of >= priority pass a nominated pod (addNominatedPods)."""
+def test_preemption_hold_keeps_equal_priority_off_and_lets_higher_pass(kube, extender_factory):
+    """As kube-scheduler counts a nominated pod against pods of <= priority (addGENominatedPods): two
+    preemptors of one priority must not take each other's freed GPU."""
     ext = setup(kube, extender_factory, holder(kind=HoldKind.PREEMPTION, priority=1000))
-    assert passes(ext, with_priority(make_pod("peer", 8), 1000)) == ["node-a"]
+    assert passes(ext, with_priority(make_pod("peer", 8), 1000)) == []
+    assert passes(ext, with_priority(make_pod("vip", 8), 1001)) == ["node-a"]
 
 
 def test_reservation_hold_keeps_peers_off_too(kube, extender_factory):

@@ -78,7 +78,7 @@ def test_the_factory_routes_to_the_extender_it_is_given(extender: Extender) -> N
     app = create_app(extender=extender, start_sync=False)
     assert app.extensions["gpushare"]["extender"] is extender
     assert set(app.extensions["gpushare"]["verbs"]) == {
-        f"{EXTENDER_PREFIX}/{v}" for v in ("filter", "prioritize", "bind")
+        f"{EXTENDER_PREFIX}/{v}" for v in ("filter", "prioritize", "bind", "preempt")
     }
     resp = app.test_client().post(f"{EXTENDER_PREFIX}/filter", data=b"[]")
     assert resp.status_code == 400 and "ExtenderArgs" in resp.get_json()["Error"]

@@ -6,6 +6,9 @@ import random
 
 import pytest
 
+from share_core.holds import Hold
+from share_core.holds import HoldKind
+from share_core.holds import held_units
 from share_placement import BestFitPolicy
 from share_placement import BinpackPolicy
 from share_scheduler.sim.cluster import ClusterState
@@ -285,6 +288,28 @@ def test_the_indexed_choice_is_the_scans_choice_as_the_cluster_churns(name):
         node, ev = indexed
         cluster.place(node, dix, ev[1])
         running.append((node, dix, ev[1]))
+
+
+def test_holds_from_share_core_reduce_the_room_only_of_the_pods_they_apply_to():
+    class Reservation(TimelineHooks):
+        """A reservation of node n0's GPU for arrival 2 (priority 0): same-or-lower priority pods see it taken."""
+
+        hold = Hold(HoldKind.RESERVATION, "n0", (0,), 1000, 0, expires=1e12, holder_uid="2")
+
+        def held(self, timeline, seq):
+            pod = timeline.workload.pods[timeline.arrivals[seq].pod]
+            return timeline.held_views(held_units([self.hold], pod.priority, str(seq))) or None
+
+    # Arrival 0 (whole, priority 0) is kept off n0 and runs on n1; arrival 1 (urgent, priority 2) may take
+    # n0 past the reservation; arrival 2, the holder, waits as both are taken, then gets n1 at 100.
+    arrivals = [Arrival(0, 2, 100), Arrival(1, 5, 150), Arrival(2, 2, 100)]
+    tl = run(one_gpu(2), arrivals, end=300, hooks=Reservation())
+    assert tl.started == [0.0, 1.0, 100.0]
+    assert tl.where == {} and tl.result().classes["whole"]["max_s"] == 98.0
+    with pytest.raises(ValueError, match="node 'elsewhere'"):
+        tl.held_views({"elsewhere": {0: 5}})
+    with pytest.raises(ValueError, match="GPU 3 of node 'n0'"):
+        tl.held_views({"n0": {3: 5}})
 
 
 def test_a_hook_may_move_a_running_pod_and_its_old_departure_is_void():
