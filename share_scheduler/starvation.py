@@ -494,7 +494,7 @@ class Starvation:
                      self.config.evictions_per_minute)  # fmt: skip
             return False
         with self.policy_lock:
-            plan = plan_consolidation(
+            plan, why_not = plan_consolidation(
                 waiter,
                 list(states.values()),
                 residents,
@@ -503,7 +503,7 @@ class Starvation:
                 held=held,
             )
         if plan is None:
-            self._refuse(pod, "the policy would not place every moved pod again")
+            self._refuse(pod, why_not or "the policy would not place every moved pod again")
             self.metrics.consolidation("refused")
             return False
         return self._execute(pod, plan, now, report)
