@@ -219,5 +219,8 @@ def test_the_extender_runs_on_a_service_account_token(admin: ApiServerClient, co
     bound = [e.object for e in events if e.object["metadata"]["name"] == "token-bind"]
     assert bound and bound[-1]["spec"]["nodeName"] == "some-node"
     assert admin.get_pod(NS, "token-bind")["metadata"]["annotations"] == {"gpushare.io/gpu-index": "0"}
-    with pytest.raises(Forbidden):  # the chart grants no pods patch: the Binding carries the annotations
-        client.patch_pod_annotations(NS, "token-bind", {"gpushare.io/gpu-index": "1"})
+    # pods patch is granted for the gpushare.io/holds annotation (preemption, reservations); the GPU choice
+    # itself still travels in the Binding. Nodes are the device plugin's to write: no node patch.
+    client.patch_pod_annotations(NS, "token-bind", {"gpushare.io/holds": None})
+    with pytest.raises(Forbidden):
+        client.patch_node_annotations("some-node", {"gpushare.io/gpus": "[]"})
