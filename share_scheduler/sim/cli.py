@@ -51,6 +51,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw allocation vs arrived workload (needs matplotlib)")
     args = p.parse_args(argv)
+    check_inputs(p, args)
+    if args.seeds < 1:
+        p.error("--seeds must be at least 1")
+    if not (args.tune > 0):
+        p.error("--tune must be positive")
+    return args
+
+
+def check_inputs(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The input files and `--policy` of either mode (the protocol, `timeline`): one rule, one wording;
+    sets `args.policies`."""
     if args.yaml and (args.nodes or args.pods):
         p.error("give either --yaml or --nodes and --pods, not both")
     if not args.yaml and not (args.nodes and args.pods):
@@ -59,11 +70,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.policies if s not in placement.POLICIES]
     if not args.policies or unknown:
         p.error(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(placement.POLICIES)}")
-    if args.seeds < 1:
-        p.error("--seeds must be at least 1")
-    if not (args.tune > 0):
-        p.error("--tune must be positive")
-    return args
 
 
 def _mean(values: list[float | None]) -> float | None:

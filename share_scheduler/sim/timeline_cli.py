@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
 from share_scheduler.sim import remedies
+from share_scheduler.sim.cli import check_inputs
 from share_scheduler.sim.engine import build_policy
 from share_scheduler.sim.timeline import CLASSES
 from share_scheduler.sim.timeline import DAY
@@ -73,14 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.preempt is not None and args.remedies.any:
         # Two engines over one Timeline (sim/preemption.py and sim/remedies.py); not yet one run.
         p.error("--preempt runs apart from the starvation remedies: give --preempt or --reserve/--consolidate")
-    if args.yaml and (args.nodes or args.pods):
-        p.error("give either --yaml or --nodes and --pods, not both")
-    if not args.yaml and not (args.nodes and args.pods):
-        p.error("give --nodes and --pods (openb CSVs), or --yaml")
-    args.policies = [s.strip() for s in args.policy.split(",") if s.strip()]
-    unknown = [s for s in args.policies if s not in placement.POLICIES]
-    if not args.policies or unknown:
-        p.error(f"unknown policy {', '.join(unknown) or '(none)'}: choose from {', '.join(placement.POLICIES)}")
+    check_inputs(p, args)
     if args.replay is not None and args.rho is not None:
         p.error("give --rho (Poisson arrivals) or --replay (the trace's arrivals), not both")
     if args.replay is not None and not args.replay > 0:
