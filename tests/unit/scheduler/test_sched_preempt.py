@@ -72,7 +72,10 @@ def test_verb_answers_the_victim_that_frees_one_gpu(kube, extender_factory):
     assert [(h.kind, h.node, h.gpus, h.per_gpu) for h in holds] == [(HoldKind.PREEMPTION, "node-a", (0,), 8)]
     wait_until(lambda: ANN_HOLDS in kube.pods[("default", "big")]["metadata"]["annotations"], what="annotation")
     assert pod_holds(kube.pods[("default", "big")])[0].gpus == (0,)
+    # the worker judges a hold only for a pod its watch has brought (a loaded machine delays the watch)
+    wait_until(lambda: ext.cache.record("default/big") is not None, what="the pod watch brings big")
     ext.parts["extender"].preemption.tick()  # the worker sees the freed GPU still waiting for its victim
+    assert ("uid-default-big", "node-a", (0,)) in ext.parts["extender"].preemption._waiting
     # kube-scheduler evicts a; until a is gone its memory still counts, and a low pod cannot take GPU 0 after
     kube.update_pod("default", "a", lambda p: p["metadata"].__setitem__("deletionTimestamp", "2026-01-01T00:00:00Z"))
     kube.delete_pod("default", "a")
