@@ -57,6 +57,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -148,6 +149,24 @@ def cpu_seconds(pid: int, descendants: bool = True) -> float:
         total += stats[p][1]
         todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
     return total
+
+
+def runqueue_wait_seconds(pid: int) -> float:
+    """Time the process's live threads spent runnable but waiting for a CPU (/proc/PID/task/*/schedstat,
+    second field, ns): on a saturated machine, the latency each hand-off between processes pays. Threads
+    that ended meanwhile are not counted (the servers here keep theirs)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
 
 
 # --------------------------------------------------------------------------- cluster objects
@@ -572,8 +591,15 @@ def measure_burst(
         procs["extender"] = lambda: cpu_seconds(extender_pid)
     if webhook_pid is not None:
         procs["webhook"] = lambda: cpu_seconds(webhook_pid)
+    waits: dict[str, Callable[[], float]] = {
+        "apiserver": lambda: runqueue_wait_seconds(cp._apiserver.pid),  # type: ignore[union-attr]
+        "scheduler": lambda: runqueue_wait_seconds(scheduler_pid),
+    }
+    if extender_pid is not None:
+        waits["extender"] = lambda: runqueue_wait_seconds(extender_pid)
     watch = BoundWatch(admin, pods)
     before = {k: f() for k, f in procs.items()}
+    waited_before = {k: f() for k, f in waits.items()}
     requests_before = apiserver_requests(admin)
     created: dict[str, float] = {}
     start = time.monotonic()
@@ -593,6 +619,7 @@ def measure_burst(
         raise TimeoutError(f"only {len(watch.bound)}/{pods} pods bound in 600 s")
     end = max(watch.bound.values())
     after = {k: f() for k, f in procs.items()}
+    waited = {k: (f() - waited_before[k]) * 1000 / pods for k, f in waits.items()}
     per_pod = {k: (v - requests_before.get(k, 0.0)) / pods for k, v in apiserver_requests(admin).items()}
     latencies = sorted(watch.bound[n] - created[n] for n in created)
     return {
@@ -600,6 +627,7 @@ def measure_burst(
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
         "cpu_ms_per_pod": {k: (after[k] - before[k]) * 1000 / pods for k in procs},
+        "runqueue_ms_per_pod": waited,
         "api_per_pod": {k: v for k, v in sorted(per_pod.items()) if v >= 0.05 and not k.startswith("WATCH")},
     }
 
@@ -626,6 +654,59 @@ def capture_pprof(cp: ControlPlane, scheduler_port: int, label: str) -> None:
 
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(fetch, targets.items()))
+
+
+# kube-scheduler's own histograms (pkg/scheduler/metrics): the serial scheduling cycle, where an
+# extender's filter round trip sits (findNodesThatPassExtenders runs inside SchedulingAlgorithmLatency).
+CYCLE_METRICS = {
+    "scheduler_scheduling_algorithm_duration_seconds": "algorithm",
+    "scheduler_scheduling_attempt_duration_seconds": "attempt",
+}
+
+
+def scheduler_cycle_ms(cp: ControlPlane, port: int) -> dict[str, float]:
+    """Mean milliseconds per scheduling attempt, as kube-scheduler counts them (its /metrics), plus its
+    own Filter and Score extension points (plugins only: the difference to `algorithm` is the extender)."""
+    context = cp.admin_context(verify_server=False)
+    try:
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError as exc:
+        print(f"# kube-scheduler /metrics: {exc}", file=sys.stderr)
+        return {}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if not rest and " " in line:
+            name = line.split(" ", 1)[0]
+        value = line.rsplit(" ", 1)[-1]
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            base = name.removesuffix(suffix)
+            if base == name:
+                continue
+            label = CYCLE_METRICS.get(base)
+            if label is None and base == "scheduler_framework_extension_point_duration_seconds":
+                point = _label(line, "extension_point")
+                label = point.lower() if point in ("Filter", "Score", "PreFilter", "Reserve") else None
+            if label is not None:
+                into[label] = into.get(label, 0.0) + float(value)
+    return {k: sums[k] / counts[k] * 1000 for k in sums if counts.get(k)}
+
+
+def capture_py_spy(pid: int, label: str) -> None:
+    """The extender's own profile over the same window as the Go ones: py-spy's collapsed stacks
+    (`bench/stacks_top.py FILE` ranks them). py-spy is a tool of the bench, not a dependency."""
+    assert PPROF_DIR is not None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    out = PPROF_DIR / f"{label}-extender.collapsed"
+    time.sleep(1.5)
+    cmd = [spy, "record", "--pid", str(pid), "--duration", str(PPROF_SECONDS), "--rate", "250", "--format", "raw"]
+    cmd += ["--subprocesses", "--nonblocking", "--gil", "--output", str(out)]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=90)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"# py-spy of the extender ({spy}; pip install py-spy): {exc}", file=sys.stderr)
 
 
 def run_scenario(
@@ -685,14 +766,21 @@ def run_scenario(
         return name
 
     profiler = None
+    spy = None
     if PPROF_DIR is not None:
         profiler = threading.Thread(target=capture_pprof, args=(cp, sched.port, sc.label), daemon=True)
         profiler.start()
+        if extender is not None and sc.policy != GO:
+            spy = threading.Thread(target=capture_py_spy, args=(extender.pid, sc.label), daemon=True)
+            spy.start()
     try:
         hook_pid = hook.proc.pid if hook is not None and hook.proc is not None else None
         burst = measure_burst(cp, admin, sched.pid, pods, create, extender.pid if extender else None, pace, hook_pid)
         if profiler is not None:
             profiler.join()
+        if spy is not None:
+            spy.join()
+        cycle = scheduler_cycle_ms(cp, sched.port)
         metrics = extender_metrics(url) if extender is not None and sc.policy != GO else ""  # Go: no /metrics
     except TimeoutError as exc:
         raise TimeoutError(f"{sc.label}: {exc}") from exc
@@ -714,6 +802,7 @@ def run_scenario(
         "qps": sc.qps,
         **burst,
         "extender_ms": extender_latency(metrics) | proxied,
+        "cycle_ms": cycle,
         "bind_failures": bind_failures(metrics) | proxy_errors,
     }
 
@@ -844,6 +933,10 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "cpu_ms_per_pod": {k: med(r["cpu_ms_per_pod"][k] for r in runs) for k in runs[0]["cpu_ms_per_pod"]},
             "api_per_pod": runs[-1]["api_per_pod"],
             "extender_ms": runs[-1]["extender_ms"],
+            "cycle_ms": {k: med(r["cycle_ms"].get(k, 0.0) for r in runs) for k in runs[-1]["cycle_ms"]},
+            "runqueue_ms_per_pod": {
+                k: med(r["runqueue_ms_per_pod"].get(k, 0.0) for r in runs) for k in runs[-1]["runqueue_ms_per_pod"]
+            },
             "bind_failures": {k: sum(r["bind_failures"].get(k, 0) for r in runs) for k in runs[-1]["bind_failures"]},
         })  # fmt: skip
     return out
@@ -864,10 +957,13 @@ def fmt_row(r: dict[str, Any], alone: dict[int, float]) -> str:
     if r["bind_failures"]:
         ext += " bind failures: " + " ".join(f"{k}={v:.0f}" for k, v in sorted(r["bind_failures"].items()))
     api = " ".join(f"{k}={v:.2f}" for k, v in r["api_per_pod"].items())
+    cycle = " ".join(f"{k}={v:.2f}" for k, v in sorted(r.get("cycle_ms", {}).items()))
+    waited = " ".join(f"{k}={v:.2f}" for k, v in sorted(r.get("runqueue_ms_per_pod", {}).items()))
     return (
         f"{r['label']:<28} qps={r['qps']:<5} {r['pods_per_s']:7.1f} pods/s  {ratio_text}  "
         f"p50={r['p50_ms']:7.0f} ms p99={r['p99_ms']:7.0f} ms  cpu ms/pod: {cpus}  extender ms mean/p50/p99: {ext}"
         f"\n{'':<28} API calls per pod: {api}"
+        f"\n{'':<28} kube-scheduler ms per attempt (mean): {cycle}; waiting for a CPU, ms/pod: {waited}"
     )
 
 

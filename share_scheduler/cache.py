@@ -44,9 +44,7 @@ from share_core.dra import claim_name
 from share_core.gpus import GpuInfo
 from share_core.gpus import node_gpus
 from share_core.podresources import node_allocatable
-from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest
-from share_core.request import pod_request
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import NodeView
@@ -62,7 +60,9 @@ from share_scheduler.nodes import PodRecord
 from share_scheduler.nodes import demand_of
 from share_scheduler.nodes import pod_holds_facts
 from share_scheduler.nodes import pod_record
+from share_scheduler.waiting import Parsed
 from share_scheduler.waiting import WaitingPods
+from share_scheduler.waiting import parse_requests
 from share_scheduler.waiting import waiting_pod
 
 log = logging.getLogger(__name__)
@@ -433,20 +433,25 @@ class ClusterCache:
         """Everything the cache keeps of a pod, parsed outside the lock; the dict can then go."""
         record = pod_record(pod)
         demand: Demand | None = None
+        memo: list[Parsed] = []
+
+        def parsed() -> Parsed:  # the containers parsed once, whoever asks first (a watch's hot path)
+            if not memo:
+                memo.append(parse_requests(pod))
+            return memo[0]
+
         # A DRA pod's GPUs are in its claims: the extender teaches the policy its whole demand at filter
         # (`note_demand`), when the claims are read; counted here it would look like a CPU-only pod.
         claims = self.dra and bool((pod.get("spec") or {}).get("resourceClaims"))
         if not claims and self._on_new_pod is not None and (record.uid or record.key) not in self._seen_requests:
-            try:
-                request = pod_request(pod)
-            except InvalidRequest:
-                pass
-            else:
+            both = parsed()
+            if not isinstance(both, InvalidRequest):
+                request, host_request = both
                 c = record.contribution
-                host = (c.cpu, c.memory) if c is not None else pod_host_request(pod)[:2]
+                host = (c.cpu, c.memory) if c is not None else host_request[:2]
                 demand = demand_of(request, *host)
         holds, hold_problem = pod_holds_facts(pod)
-        waiting = waiting_pod(pod) if not record.node else None
+        waiting = waiting_pod(pod, parsed) if not record.node else None
         return PodFacts(record, pod_is_finished(pod), demand, holds, hold_problem, waiting)
 
     def _note_request(self, facts: PodFacts) -> None:

@@ -22,8 +22,10 @@ from share_core.assignment import pod_node
 from share_core.holds import pod_controller_uid
 from share_core.holds import pod_is_terminating
 from share_core.holds import pod_priority
+from share_core.podresources import HostRequest
 from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest
+from share_core.request import PodRequest
 from share_core.request import pod_request
 from share_placement import Demand
 
@@ -78,22 +80,33 @@ def parse_timestamp(text: Any) -> float:
     return stamp.timestamp() if stamp.tzinfo is not None else 0.0
 
 
-def waiting_pod(pod: Mapping[str, Any]) -> WaitingPod | None:
+Parsed = tuple["PodRequest | None", HostRequest] | InvalidRequest  # pod_request and pod_host_request, or why not
+
+
+def parse_requests(pod: Mapping[str, Any]) -> Parsed:
+    """What the pod asks of GPUs and of the host, worked out once for every reader of one watch event."""
+    try:
+        return pod_request(pod), pod_host_request(pod)
+    except InvalidRequest as exc:
+        return exc
+
+
+def waiting_pod(pod: Mapping[str, Any], parsed: Callable[[], Parsed] | None = None) -> WaitingPod | None:
     """The pod as a waiting pod, or None: bound, finished, terminating, gated (it waits for its gates,
-    not for room), asking no GPU memory, or asking it in a way nobody could honour."""
+    not for room), asking no GPU memory, or asking it in a way nobody could honour. `parsed`: the
+    caller's (memoised) `parse_requests` of this pod, so one watch event parses the containers once."""
     if pod_node(pod) or pod_is_finished(pod) or pod_is_terminating(pod):
         return None
     spec = pod.get("spec") or {}
     if spec.get("schedulingGates"):
         return None
-    try:
-        request = pod_request(pod)
-    except InvalidRequest:
+    both = parsed() if parsed is not None else parse_requests(pod)
+    if isinstance(both, InvalidRequest):
         return None
+    request, host = both
     if request is None or request.gpu_count < 1 or request.per_gpu < 1:
         return None
     meta = pod.get("metadata") or {}
-    host = pod_host_request(pod)
     return WaitingPod(
         key=pod_key(pod),
         uid=str(meta.get("uid") or ""),
