@@ -196,6 +196,15 @@ class Binder:
         self._bind_with(args, assignment)
         return summary
 
+    def release_hold(self, pod: Mapping[str, Any]) -> None:
+        """Forget the hold an earlier filter made for this pod (not a bind's assumption: a pod whose bind
+        is in flight is not filtered again)."""
+        key = _key(pod)
+        held = self.cache.assumption(key)
+        if held is not None and held.held:
+            with self._node_lock(held.contribution.node):
+                self.cache.forget(key)
+
     def hold(self, pod: Mapping[str, Any], node: str, demand: Demand) -> bool:
         """Filter left kube-scheduler one node: choose the GPUs now and count them until the bind.
 

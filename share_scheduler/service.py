@@ -197,6 +197,9 @@ class Extender:
         # strand; binpack packs it where GPUs are taken): every pod of the profile reaches us.
         request, demand = wanted
         self.binder.remember(args.pod, request, demand)
+        # A pod filtered again is in a new scheduling attempt (the last one stopped before its bind, e.g.
+        # a Reserve plugin failed): the GPUs its earlier filter held for it must not count against it.
+        self.binder.release_hold(args.pod)
         claims = self.claims.demand(args.pod, demand) if self.claims is not None else None
         if claims is not None and claims.demand is None:
             return 200, filter_result(args, list(args.names), {}, {})  # a shape left to kube-scheduler

@@ -104,6 +104,19 @@ def test_a_hold_kube_scheduler_did_not_use_is_released(cluster, extender_factory
     wait_until(lambda: ext.cache.usage()["small"] == {0: 0}, timeout=3, what="the hold to lapse")
 
 
+def test_a_pod_filtered_again_does_not_see_its_own_earlier_hold(cluster, extender_factory):
+    ext = extender_factory(policy="binpack").wait_ready()
+    pod = cluster.add_pod(make_pod("p", 4))
+    assert ext.call("filter", filter_args(pod, ["small"]))["NodeNames"] == ["small"]
+    assert ext.cache.usage()["small"] == {0: 4}  # held for p's bind
+    # That attempt stopped before the bind (a Reserve plugin failed): kube-scheduler tries p again, and
+    # the 4 GiB small has are still p's to take, not taken by p's own earlier hold.
+    assert ext.call("filter", filter_args(pod, ["small"]))["NodeNames"] == ["small"]
+    assert ext.cache.usage()["small"] == {0: 4}  # one hold, the new one
+    other = cluster.add_pod(make_pod("q", 4))
+    assert ext.call("filter", filter_args(other, ["small"]))["NodeNames"] == []  # p's hold counts for q
+
+
 def test_unknown_filter_keeps_is_refused(kube):
     from share_scheduler.app import create_app
 
