@@ -63,10 +63,11 @@ class LeaveRoom:
         self.scheduler = scheduler
         self.rule = WaitingShapes(linger_s)
         self.unit = unit
-        self._clock = clock
+        self.clock = clock
         self._lock = threading.Lock()
         self._version = -1  # the WaitingPods.multi_version last read (-1: never)
         self._due = float("-inf")  # when a lingering shape drops out next
+        self._at = float("-inf")  # the last refresh
         self._waiting: Counter[Demand] = Counter()  # shape -> pods of it waiting, at the last refresh
         self.changes = 0
 
@@ -82,17 +83,20 @@ class LeaveRoom:
     def refresh(self) -> bool:
         """Tell the policy the shapes that wait now; True when they changed (the memoised answers were
         forgotten). Cheap when nothing changed."""
-        if self.waiting.multi_version == self._version and self._clock() < self._due:
+        if self.waiting.multi_version == self._version and self.clock() < self._due:
             return False
         with self._lock:
-            now = self._clock()
-            version, pods = self.waiting.multi_gpu()
+            now = self.clock()
+            version, changed_at, pods = self.waiting.multi_gpu()
             if version == self._version and now < self._due:
                 return False
             mine = [p for p in pods if p.unschedulable and p.scheduler == self.scheduler]
             current = Counter(shape_of(p.demand) for p in mine)
-            # A shape whose pods waited at the last refresh and no longer do waited until now at the latest.
-            last = self.rule.update([*self._waiting, *current], now)
+            # The shapes whose pods waited at the last refresh waited until the watch's last change among the
+            # multi-GPU pods (the one that ended their wait, or a later one; never before the last refresh).
+            self.rule.update(self._waiting, max(min(now, changed_at), self._at))
+            last = self.rule.update(current, now)
+            self._at = now
             old = set(self.policy.shapes)
             with self.policy_lock:
                 changed = self.policy.set_waiting(last)

@@ -10,6 +10,7 @@ thread-safe index.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -155,6 +156,7 @@ class WaitingPods:
         self._pods: dict[str, WaitingPod] = {}
         self._multi: dict[str, WaitingPod] = {}
         self.multi_version = 0
+        self.multi_changed_at = 0.0  # when multi_version last moved (seconds since the epoch)
         self.on_bound = on_bound
 
     def _set_multi(self, key: str, waiting: WaitingPod | None) -> None:
@@ -164,9 +166,11 @@ class WaitingPods:
             if old != waiting:
                 self._multi[key] = waiting
                 self.multi_version += 1
+                self.multi_changed_at = time.time()
         elif old is not None:
             del self._multi[key]
             self.multi_version += 1
+            self.multi_changed_at = time.time()
 
     def seen(self, key: str, uid: str, node: str, waiting: WaitingPod | None) -> None:
         """A pod as the watch shows it (`waiting` None: it does not wait, or no longer)."""
@@ -198,10 +202,10 @@ class WaitingPods:
         with self._lock:
             return list(self._pods.values())
 
-    def multi_gpu(self) -> tuple[int, list[WaitingPod]]:
-        """(multi_version, the waiting pods asking 2+ GPUs) read together."""
+    def multi_gpu(self) -> tuple[int, float, list[WaitingPod]]:
+        """(multi_version, multi_changed_at, the waiting pods asking 2+ GPUs) read together."""
         with self._lock:
-            return self.multi_version, list(self._multi.values())
+            return self.multi_version, self.multi_changed_at, list(self._multi.values())
 
     def __len__(self) -> int:
         return len(self._pods)
