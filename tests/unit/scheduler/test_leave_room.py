@@ -105,7 +105,14 @@ def test_a_pair_not_yet_found_unschedulable_or_of_another_profile_leaves_nothing
     other["spec"]["schedulerName"] = "default-scheduler"
     kube.add_pod(other)
     kube.add_pod_condition("default", "other", UNSCHEDULABLE)
-    wait_until(lambda: ext.cache.waiting.multi_version >= 2 and len(ext.cache.waiting) == 2, what="both seen")
+    wait_until(
+        lambda: (
+            (p := ext.cache.waiting.get("default/other")) is not None
+            and p.unschedulable
+            and ext.cache.waiting.get("default/fresh") is not None
+        ),
+        what="both seen",
+    )
     assert share_goes(ext) == ["node-a"]
     assert room(ext).shapes == ()
 
@@ -156,6 +163,9 @@ def test_off_places_exactly_as_before(kube, extender_factory, policy):
     assert isinstance(on.parts["extender"].policy, RoomForWaiting)
     waiting_pair(kube, off)
     wait_until(lambda: before.cache.waiting.multi_version == off.cache.waiting.multi_version, what="same view")
+    if policy == "binpack":
+        assert share_goes(off) == ["node-a"]  # binpack's own choice: not steered
+    # The same answers, pod after pod (each filter's hold counted alike in both caches).
     sizes = [8, 4, 12, 16, 2, 24, 6]
     for i, mem in enumerate(sizes):
         pod = make_pod(f"p{i}", mem)
@@ -163,6 +173,18 @@ def test_off_places_exactly_as_before(kube, extender_factory, policy):
         assert before.call("filter", asked) == off.call("filter", asked), (policy, mem)
         assert before.call("prioritize", asked) == off.call("prioritize", asked)
     assert off.cache.waiting.get("default/pair").unschedulable  # the pair waits, and nothing changed
+
+
+def test_a_learning_policy_learns_as_before_under_the_wrapper(kube, extender_factory):
+    """frag wrapped: its workload table still decides the memo's life (not every observed pod), and the
+    cluster's largest GPU still reaches it."""
+    cluster(kube)
+    on = extender_factory(policy="frag", starvation=ON).wait_ready()
+    parts = on.parts["extender"]
+    assert parts.memo.learner is parts.base_policy and parts.memo._by_table and not parts.memo.learns
+    wait_until(lambda: parts.base_policy.gpu_unit == 24, what="the largest GPU told to frag")
+    waiting_pair(kube, on)
+    assert share_goes(on) == ["node-b"]
 
 
 def test_on_with_nothing_waiting_is_the_policy_exactly(kube, extender_factory):
