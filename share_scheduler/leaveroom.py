@@ -13,7 +13,10 @@ one clock comparison unless the cache's multi-GPU waiting pods changed (`Waiting
 by the pod watch) or a lingering shape is due to drop out; only then are the waiting multi-GPU pods read
 (not every waiting pod). When the shapes change, every memoised answer priced under the old ones is
 forgotten (`forget`: the ScoreMemo starts afresh, so BestNodeIndex re-ranks as it does when a learning
-policy's table changes), after the new shapes are in the policy, under the policy lock.
+policy's table changes), after the new shapes are in the policy, under the policy lock. The node
+snapshots' own memo (extender.SNAPSHOT_MEMO_LIMIT) holds only fit and unfit answers, which no policy
+decides: nothing there to forget. Bind chooses under the shapes of its own refresh; a GPU filter already
+held for a lone node (binder.hold) keeps the choice made at filter, a moment before.
 """
 
 from __future__ import annotations
