@@ -2,7 +2,7 @@
 
 The placement policy is wrapped in share_placement.starvation.RoomForWaiting, the very wrapper share-sim's
 timeline runs (`share-sim timeline --leave-room on`), and told the shapes the simulator's rule picks
-(share_placement.starvation.WaitingShapes): those of the multi-GPU pods of our profile that wait, and
+(share_placement.waiting_shapes.WaitingShapes): those of the multi-GPU pods of our profile that wait, and
 those that waited within the last `linger_s` seconds. A pod *waits* as it does in share-sim's queue: it
 asked for room and found none, which kube-scheduler records on the pod (PodScheduled False, reason
 Unschedulable; share_scheduler.waiting.found_unschedulable), so a pod merely on its way through a cycle
@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 from share_core.contract import SCHEDULER_NAME
 from share_placement import Demand
-from share_placement.starvation import LINGER_S
 from share_placement.starvation import RoomForWaiting
-from share_placement.starvation import WaitingShapes
 from share_placement.starvation import shape_of
+from share_placement.waiting_shapes import LINGER_S
+from share_placement.waiting_shapes import WaitingShapes
 from share_scheduler.waiting import WaitingPod
 from share_scheduler.waiting import WaitingPods
 

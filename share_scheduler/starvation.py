@@ -60,7 +60,6 @@ from share_core.request import pod_request
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import Policy
-from share_placement.starvation import LINGER_S
 from share_placement.starvation import ConsolidationPlan
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
@@ -70,6 +69,7 @@ from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
 from share_placement.starvation import shortfall
+from share_placement.waiting_shapes import LINGER_S
 from share_scheduler.cache import ClusterCache
 from share_scheduler.holds import Asker
 from share_scheduler.static_filters import node_refuses
@@ -103,19 +103,17 @@ class StarvationConfig:
     max_moves: int = 2  # pods one consolidation may evict
     evictions_per_minute: int = 2
     refusal_cooldown: float = 600.0  # seconds before a pod is weighed again / a refused pod may be moved again
-    # Room for what waits (share_scheduler.leaveroom): the policy steers pods off the room waiting multi-GPU
-    # pods need, for as long as they wait and `leave_room_linger` seconds after (share-sim's linger_s).
-    leave_room: bool = False
+    leave_room: bool = False  # room for what waits (share_scheduler.leaveroom), lingering as share-sim's does
     leave_room_linger: float = LINGER_S
 
     def check(self) -> ReservationLimits:
         """The rules' limits; ValueError naming the first knob out of range."""
         if self.period <= 0 or self.min_gpus < 1:
             raise ValueError("the starvation period must be > 0 and min GPUs >= 1")
-        if self.max_moves < 0 or self.evictions_per_minute < 0 or self.refusal_cooldown < 0:
-            raise ValueError("max moves, evictions per minute and the refusal cooldown must be >= 0")
         if not self.leave_room_linger >= 0:
             raise ValueError(f"the leave-room linger must be >= 0 seconds, got {self.leave_room_linger}")
+        if self.max_moves < 0 or self.evictions_per_minute < 0 or self.refusal_cooldown < 0:
+            raise ValueError("max moves, evictions per minute and the refusal cooldown must be >= 0")
         if not 0 <= self.max_share <= 1:
             raise ValueError(f"max share must be between 0 and 1, got {self.max_share}")
         return ReservationLimits(self.wait_threshold, self.max_reservations, self.max_share, self.hold_seconds)

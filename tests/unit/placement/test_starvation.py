@@ -16,13 +16,13 @@ from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
 from share_placement.starvation import RoomForWaiting
 from share_placement.starvation import Waiter
-from share_placement.starvation import WaitingShapes
 from share_placement.starvation import closeness
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import reservation_node
 from share_placement.starvation import room_cost
 from share_placement.starvation import shortfall
+from share_placement.waiting_shapes import WaitingShapes
 
 FULL = 1000
 EIGHT = Demand(FULL, 8)
