@@ -130,6 +130,12 @@ def convert(where: str, action: argparse.Action, value: Any) -> Any:
         return [convert(f"{where}[{i}]", _scalar(action), v) for i, v in enumerate(value)]
     if value is None:
         return None
+    if isinstance(value, bool) and action.choices is not None:
+        # YAML reads an unquoted on/off/yes/no as a boolean: say so, the choices may be just those words.
+        choices = ", ".join(map(str, action.choices))
+        raise ConfigError(
+            f"{where}: {value!r} is not one of {choices} (YAML reads an unquoted on or off as a boolean: quote it)"
+        )
     if isinstance(value, bool | dict | list):
         raise ConfigError(f"{where}: {value!r} is not a {_kind(action)}")
     kind = action.type

@@ -21,6 +21,7 @@ from share_scheduler.extender import FILTER_KEEPS
 from share_scheduler.starvation import StarvationConfig
 
 log = logging.getLogger("share_scheduler")
+ON_OFF = ("on", "off")
 
 
 def serve(a: argparse.Namespace) -> None:
@@ -40,8 +41,9 @@ def serve(a: argparse.Namespace) -> None:
         a.kubeconfig, a.context, component="gpushare-scheduler", max_connections=a.threads + 2
     )
     log.info(
-        "gpushare extender: policy %s (filter keeps %s nodes%s), unit %s, %d threads, listening on %s:%d",
+        "gpushare extender: policy %s%s (filter keeps %s nodes%s), unit %s, %d threads, listening on %s:%d",
         a.policy,
+        ", leaving room for waiting multi-GPU pods" if a.leave_room == "on" else "",
         a.filter_keeps,
         "; DRA claims too" if a.dra else "",
         a.memory_unit,
@@ -142,6 +144,26 @@ def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) 
     )
 
 
+def leave_room_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) -> None:
+    """Room for what waits (share_scheduler.leaveroom); share-sim's `timeline --leave-room` measures it."""
+    c = StarvationConfig()
+    p.add_argument(
+        "--leave-room",
+        choices=ON_OFF,
+        default=d("on" if c.leave_room else "off"),
+        help="the placement policy steers pods off the GPUs that multi-GPU pods found waiting (unschedulable) "
+        "need, as share-sim's `timeline --leave-room on` does (default off)",
+    )
+    p.add_argument(
+        "--leave-room-linger",
+        type=float,
+        default=d(c.leave_room_linger),
+        metavar="SECONDS",
+        help=f"how long room is still left for a shape after its last pod stopped waiting (default "
+        f"{c.leave_room_linger:g}, share-sim's)",
+    )
+
+
 def starvation_config(a: argparse.Namespace) -> StarvationConfig:
     return StarvationConfig(
         reserve=a.reservations,
@@ -155,6 +177,8 @@ def starvation_config(a: argparse.Namespace) -> StarvationConfig:
         consolidate=a.consolidation,
         max_moves=a.consolidation_max_moves,
         evictions_per_minute=a.evictions_per_minute,
+        leave_room=a.leave_room == "on",
+        leave_room_linger=a.leave_room_linger,
     )
 
 
@@ -225,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
             "containers of one pod)",
         )
         starvation_flags(p, d)
+        leave_room_flags(p, d)
         p.add_argument("--log-level", default=d("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"])
         p.add_argument("--memory-unit", default=d("GiB"), choices=[u.value for u in MemoryUnit])
         p.add_argument(

@@ -386,12 +386,15 @@ class ScoreMemo:
 
     LIMIT = 200_000  # memoised (demand, view) scores before starting afresh
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, learner: Policy | None = None) -> None:
+        """`learner`: the policy whose learned workload the scores follow, when `policy` wraps it (room for
+        what waits: the wrapper's own changes, the waiting shapes, start the memo afresh with `clear()`)."""
         self.policy = policy
+        self.learner = policy if learner is None else learner
         self.enabled = bool(getattr(policy, "cacheable", False))
-        learns = policy_learns(policy)
+        learns = policy_learns(self.learner)
         # Policies whose learned workload is a WorkloadTable snapshot: memo valid while it is unchanged.
-        self._by_table = learns and isinstance(getattr(policy, "table", None), WorkloadTable)
+        self._by_table = learns and isinstance(getattr(self.learner, "table", None), WorkloadTable)
         self.learns = learns and not self._by_table  # invalidated by every observe()
         self._token: object = None
         self._tables: dict[Demand, dict[int, float]] = {}
@@ -405,7 +408,7 @@ class ScoreMemo:
         if not self.enabled:
             return None
         if self._by_table:
-            token = self.policy.table  # type: ignore[attr-defined]
+            token = self.learner.table  # type: ignore[attr-defined]
             if token is not self._token:
                 with self._lock:
                     self._tables = {}

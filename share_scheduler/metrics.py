@@ -14,6 +14,7 @@ from prometheus_client.utils import floatToGoString
 
 from share_core.holds import HoldKind
 from share_scheduler.cache import ClusterCache
+from share_scheduler.leaveroom import LeaveRoom
 from share_scheduler.starvation import StarvationMetrics
 from share_scheduler.waiting import WAIT_CLASSES
 from share_scheduler.waiting import WaitingPod
@@ -209,6 +210,10 @@ class Metrics:
         if pod.created:
             self.pod_wait.labels(wait_class(pod.demand, self._cache.largest_gpu)).observe(pod.waited(time.time()))
 
+    def watch_leave_room(self, leave_room: LeaveRoom) -> None:
+        """`--leave-room on`: export the shapes the policy leaves room for."""
+        self.registry.register(_LeaveRoomCollector(leave_room))
+
     def starvation_hooks(self) -> StarvationMetrics:
         return StarvationMetrics(
             reservation=lambda outcome: self.reservations.labels(outcome).inc(),
@@ -257,3 +262,23 @@ class _WaitingCollector:
             oldest.add_metric([c], longest)
         yield waiting
         yield oldest
+
+
+class _LeaveRoomCollector:
+    """The shapes the placement policy leaves room for (`--leave-room on`), read at scrape time."""
+
+    def __init__(self, leave_room: LeaveRoom) -> None:
+        self.leave_room = leave_room
+
+    def collect(self) -> Any:
+        room = self.leave_room
+        room.refresh()  # current even while no pod is being scheduled
+        shapes = GaugeMetricFamily(
+            "gpushare_leave_room_shapes",
+            f"the multi-GPU shapes the placement policy leaves room for (GPUs, {room.unit} per GPU, allowed "
+            "models): the value is how many pods of the shape wait now (0: none since a while, it lingers)",
+            labels=["gpus", "per_gpu", "models"],
+        )
+        for s in room.shapes:
+            shapes.add_metric([str(s.count), str(s.per_gpu), "|".join(s.models)], room.waiting_now(s))
+        yield shapes

@@ -29,6 +29,7 @@ from share_placement import Demand
 from share_placement import Policy
 from share_placement import learns
 from share_placement import make_policy
+from share_placement.starvation import RoomForWaiting
 from share_scheduler.bestnodes import BestNodeIndex
 from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.binder import Binder
@@ -48,6 +49,7 @@ from share_scheduler.extender import pod_demand
 from share_scheduler.extender import policy_scores
 from share_scheduler.holds import Asker
 from share_scheduler.leader import Leadership
+from share_scheduler.leaveroom import LeaveRoom
 from share_scheduler.metrics import Metrics
 from share_scheduler.preempt import DEFAULT_HOLD_SECONDS
 from share_scheduler.preempt import BudgetIndex
@@ -97,6 +99,12 @@ class Extender:
     ) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
+        config = starvation or StarvationConfig(reserve=False)
+        # The policy's own learned state (frag's workload table, its GPU unit) is the wrapped policy's; with
+        # --leave-room off there is no wrapper and `base_policy` is `policy` itself.
+        self.base_policy = policy
+        if config.leave_room:
+            policy = RoomForWaiting(policy)
         if bind_events not in BIND_EVENTS:
             raise ValueError(f"bind_events must be one of {', '.join(BIND_EVENTS)}, not {bind_events!r}")
         if filter_keeps not in FILTER_KEEPS:
@@ -122,13 +130,29 @@ class Extender:
             on_pod_read=self.metrics.bind_pod_reads.inc,
             assigned_events=bind_events == "all",
         )
-        self.memo = ScoreMemo(policy)
+        self.memo = ScoreMemo(policy, learner=self.base_policy)
         self.index = (
             BestNodeIndex(policy, cache, self.memo, self.binder.policy_lock) if BestNodeIndex.usable(policy) else None
         )
-        if learns(policy):  # reading every pod's request costs a third of the first sync: only when it counts
+        # Room for what waits: the wrapper told the waiting shapes, the memo forgotten when they change.
+        self.leave_room = (
+            LeaveRoom(
+                policy,
+                cache.waiting,
+                self.binder.policy_lock,
+                self.memo.clear,
+                scheduler=config.scheduler,
+                linger_s=config.leave_room_linger,
+                unit=unit.value,
+            )
+            if isinstance(policy, RoomForWaiting)
+            else None
+        )
+        if self.leave_room is not None:
+            self.metrics.watch_leave_room(self.leave_room)
+        if learns(self.base_policy):  # reading every pod's request costs a third of the first sync: only when it counts
             cache.set_observer(self.observe)
-        if hasattr(policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
+        if hasattr(self.base_policy, "set_gpu_unit"):  # frag: its gap price packs shares into the cluster's largest GPU
             cache.set_largest_gpu_observer(self._largest_gpu)
         budgets = BudgetIndex()  # PodDisruptionBudgets, for preemption
         self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff, budgets=budgets)
@@ -154,7 +178,7 @@ class Extender:
             self.binder.policy_lock,
             self.leadership.is_leader,
             self.events,
-            starvation or StarvationConfig(reserve=False),
+            config,
             metrics=self.metrics.starvation_hooks(),
         )
 
@@ -179,7 +203,7 @@ class Extender:
 
     def _largest_gpu(self, units: int) -> None:
         with self.binder.policy_lock:
-            self.policy.set_gpu_unit(units or None)  # type: ignore[attr-defined]
+            self.base_policy.set_gpu_unit(units or None)  # type: ignore[attr-defined]
         self.memo.invalidate()
 
     def filter(self, raw: bytes) -> tuple[int, Any]:
@@ -193,6 +217,8 @@ class Extender:
             return 200, filter_result(args, None, {}, {}, invalid_request_message(args.pod, exc))
         if not self.cache.synced:
             return 200, filter_result(args, None, {}, {}, NOT_SYNCED)
+        if self.leave_room is not None:
+            self.leave_room.refresh()  # one comparison unless the waiting multi-GPU pods changed
         # A pod that asks no GPU is placed by the policy too (frag prices the gaps its CPU and memory
         # strand; binpack packs it where GPUs are taken): every pod of the profile reaches us.
         request, demand = wanted
@@ -262,6 +288,8 @@ class Extender:
         claims = self.claims.demand(args.pod, demand) if self.claims is not None else None
         if claims is not None and claims.demand is not None:
             demand = claims.demand  # a DRA pod: ranked with its claims' GPUs
+        if self.leave_room is not None:
+            self.leave_room.refresh()
         entries = self.cache.entries(args.names, self._held(args.pod))
         raw = policy_scores(self.policy, demand, entries, self.memo, self.binder.policy_lock)
         return 200, host_priorities(args.names, raw)
@@ -276,6 +304,8 @@ class Extender:
         if not self.cache.synced:
             failures.labels("not_synced").inc()
             return 200, {"Error": NOT_SYNCED}
+        if self.leave_room is not None:
+            self.leave_room.refresh()
         try:
             self.binder.bind(args)
         except BindError as exc:

@@ -69,6 +69,7 @@ from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
 from share_placement.starvation import shortfall
+from share_placement.waiting_shapes import LINGER_S
 from share_scheduler.cache import ClusterCache
 from share_scheduler.holds import Asker
 from share_scheduler.static_filters import node_refuses
@@ -102,11 +103,15 @@ class StarvationConfig:
     max_moves: int = 2  # pods one consolidation may evict
     evictions_per_minute: int = 2
     refusal_cooldown: float = 600.0  # seconds before a pod is weighed again / a refused pod may be moved again
+    leave_room: bool = False  # room for what waits (share_scheduler.leaveroom), lingering as share-sim's does
+    leave_room_linger: float = LINGER_S
 
     def check(self) -> ReservationLimits:
         """The rules' limits; ValueError naming the first knob out of range."""
         if self.period <= 0 or self.min_gpus < 1:
             raise ValueError("the starvation period must be > 0 and min GPUs >= 1")
+        if not self.leave_room_linger >= 0:
+            raise ValueError(f"the leave-room linger must be >= 0 seconds, got {self.leave_room_linger}")
         if self.max_moves < 0 or self.evictions_per_minute < 0 or self.refusal_cooldown < 0:
             raise ValueError("max moves, evictions per minute and the refusal cooldown must be >= 0")
         if not 0 <= self.max_share <= 1:

@@ -10,6 +10,7 @@ thread-safe index.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ class WaitingPod:
     priority: int
     owner_uid: str
     demand: Demand  # count >= 1 GPUs of per_gpu units each, and the pod's CPU and memory
+    # kube-scheduler tried it and found no room (PodScheduled False, reason Unschedulable): it waits in the
+    # sense share-sim's queue means, not merely on its way through a scheduling cycle.
+    unschedulable: bool = False
 
     @property
     def namespace(self) -> str:
@@ -83,6 +87,15 @@ def parse_timestamp(text: Any) -> float:
 Parsed = tuple["PodRequest | None", HostRequest] | InvalidRequest  # pod_request and pod_host_request, or why not
 
 
+def found_unschedulable(pod: Mapping[str, Any]) -> bool:
+    """Whether kube-scheduler's last try found no node for the pod (condition PodScheduled False with
+    reason Unschedulable; a SchedulerError, e.g. an extender that answered "still syncing", is not it)."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled":
+            return c.get("status") == "False" and c.get("reason") == "Unschedulable"
+    return False
+
+
 def parse_requests(pod: Mapping[str, Any]) -> Parsed:
     """What the pod asks of GPUs and of the host, worked out once for every reader of one watch event."""
     try:
@@ -117,6 +130,7 @@ def waiting_pod(pod: Mapping[str, Any], parsed: Callable[[], Parsed] | None = No
         demand=Demand(
             per_gpu=request.per_gpu, count=request.gpu_count, models=request.models, cpu=host.cpu, memory=host.memory
         ),
+        unschedulable=found_unschedulable(pod),
     )
 
 
@@ -131,16 +145,37 @@ def wait_class(demand: Demand, largest_gpu: int) -> str:
 
 class WaitingPods:
     """key -> WaitingPod for every pod waiting for GPU room; `on_bound(pod, node)` is told when one is
-    seen bound (the wait it ended is a metric), under the caller's lock: keep it quick."""
+    seen bound (the wait it ended is a metric), under the caller's lock: keep it quick.
+
+    The pods asking several GPUs are indexed apart (`multi_gpu`), and `multi_version` counts the changes
+    among them, so a reader that follows them (room for what waits, share_scheduler.leaveroom) learns
+    that something changed by comparing one number, not by reading every waiting pod."""
 
     def __init__(self, on_bound: Callable[[WaitingPod, str], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._pods: dict[str, WaitingPod] = {}
+        self._multi: dict[str, WaitingPod] = {}
+        self.multi_version = 0
+        self.multi_changed_at = 0.0  # when multi_version last moved (seconds since the epoch)
         self.on_bound = on_bound
+
+    def _set_multi(self, key: str, waiting: WaitingPod | None) -> None:
+        """Under self._lock: the multi-GPU index follows the pod (`waiting` None: it is gone)."""
+        old = self._multi.get(key)
+        if waiting is not None and waiting.demand.count > 1:
+            if old != waiting:
+                self._multi[key] = waiting
+                self.multi_version += 1
+                self.multi_changed_at = time.time()
+        elif old is not None:
+            del self._multi[key]
+            self.multi_version += 1
+            self.multi_changed_at = time.time()
 
     def seen(self, key: str, uid: str, node: str, waiting: WaitingPod | None) -> None:
         """A pod as the watch shows it (`waiting` None: it does not wait, or no longer)."""
         with self._lock:
+            self._set_multi(key, waiting)
             if waiting is not None:
                 self._pods[key] = waiting
                 return
@@ -151,11 +186,13 @@ class WaitingPods:
     def gone(self, key: str) -> None:
         with self._lock:
             self._pods.pop(key, None)
+            self._set_multi(key, None)
 
     def keep_only(self, keys: set[str]) -> None:
         with self._lock:
             for key in set(self._pods) - keys:
                 del self._pods[key]
+                self._set_multi(key, None)
 
     def get(self, key: str) -> WaitingPod | None:
         with self._lock:
@@ -164,6 +201,11 @@ class WaitingPods:
     def pods(self) -> list[WaitingPod]:
         with self._lock:
             return list(self._pods.values())
+
+    def multi_gpu(self) -> tuple[int, float, list[WaitingPod]]:
+        """(multi_version, multi_changed_at, the waiting pods asking 2+ GPUs) read together."""
+        with self._lock:
+            return self.multi_version, self.multi_changed_at, list(self._multi.values())
 
     def __len__(self) -> int:
         return len(self._pods)

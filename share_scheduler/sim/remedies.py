@@ -50,7 +50,8 @@ from share_placement.starvation import Waiter
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
-from share_placement.starvation import shape_of
+from share_placement.waiting_shapes import LINGER_S
+from share_placement.waiting_shapes import WaitingShapes
 from share_scheduler.sim.timeline import Arrival
 from share_scheduler.sim.timeline import Timeline
 from share_scheduler.sim.timeline import TimelineHooks
@@ -68,7 +69,7 @@ class RemedyOptions:
     limits: ReservationLimits = field(default_factory=ReservationLimits)
     min_gpus: int = 2  # reservations and consolidation are for pods asking at least this many GPUs
     tick_s: float = 60.0
-    linger_s: float = 3600.0
+    linger_s: float = LINGER_S
     consolidate_after_s: float = 600.0
     retry_s: float = 600.0
     max_moves: int = 2
@@ -119,7 +120,7 @@ class RemedyHooks(TimelineHooks):
         self._tokens = options.evictions_per_minute  # the bucket starts with one minute's worth
         self._tokens_at = 0.0
         self._last_try: dict[int, float] = {}
-        self._shape_seen: dict[Demand, float] = {}
+        self._shapes = WaitingShapes(options.linger_s)
         self._states: dict[int, tuple[int, NodeState]] = {}
 
     # --- what a pod sees ---
@@ -148,14 +149,7 @@ class RemedyHooks(TimelineHooks):
 
     def _update_shapes(self, timeline: Timeline, now: float) -> None:
         demands = timeline.cluster.demands
-        seen = self._shape_seen
-        for dix in timeline.queues:
-            d = demands[dix]
-            if d.count >= 2:
-                seen[shape_of(d)] = now
-        linger = self.options.linger_s
-        for s in [s for s, t in seen.items() if now - t > linger]:
-            del seen[s]
+        seen = self._shapes.update((demands[dix] for dix in timeline.queues), now)
         policy = timeline.policy
         if isinstance(policy, RoomForWaiting) and policy.set_waiting(seen):
             timeline.cluster.forget_evaluations()

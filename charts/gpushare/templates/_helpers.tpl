@@ -177,6 +177,8 @@ remedyMinGpus: {{ $r.minGpus }}
 maxReservations: {{ $r.maxPods }}
 reservationShare: {{ $r.maxShare }}
 holdSeconds: {{ $r.holdSeconds }}
+# Room for what waits: the policy leaves the room waiting multi-GPU pods need (quoted: YAML reads on as true).
+leaveRoom: {{ ternary "on" "off" $r.leaveRoom | quote }}
 consolidation: {{ $c.enabled }}
 consolidationMaxMoves: {{ $c.maxMoves }}
 evictionsPerMinute: {{ $c.evictionsPerMinute }}

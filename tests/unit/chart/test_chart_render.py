@@ -132,6 +132,7 @@ def test_all_options_sets_every_key_of_values_yaml() -> None:
         ({"devicePlugin.mpsRoot": "run/mps"}, "mpsRoot"),
         ({"reservations.maxShare": 1.5}, "maxShare"),
         ({"consolidation.enabled": "yes"}, "enabled"),
+        ({"reservations.leaveRoom": "maybe"}, "leaveRoom"),
     ],
 )
 def test_schema_rejects_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
@@ -269,6 +270,17 @@ def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs
     )
     assert (every.reservation_share, every.hold_seconds) == (0.1, 300)
     assert (every.consolidation, every.consolidation_max_moves, every.evictions_per_minute) == (True, 1, 3)
+
+
+def test_leave_room_value_reaches_the_extender(default_docs: list[Obj], all_docs: list[Obj]) -> None:
+    """reservations.leaveRoom renders share-scheduler's --leave-room (off by default, as the flag is)."""
+    from share_scheduler.cli import starvation_config
+
+    default, every = extender_args(default_docs), extender_args(all_docs)
+    assert (default.leave_room, starvation_config(default).leave_room) == ("off", False)
+    # (Read through share-scheduler's own --config parsing: an unquoted `on` in the ConfigMap would be
+    # YAML's true, which the flag refuses.)
+    assert (every.leave_room, starvation_config(every).leave_room) == ("on", True)
 
 
 @both

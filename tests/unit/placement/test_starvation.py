@@ -22,6 +22,7 @@ from share_placement.starvation import plan_reservations
 from share_placement.starvation import reservation_node
 from share_placement.starvation import room_cost
 from share_placement.starvation import shortfall
+from share_placement.waiting_shapes import WaitingShapes
 
 FULL = 1000
 EIGHT = Demand(FULL, 8)
@@ -291,6 +292,22 @@ def test_room_for_waiting_prices_in_batch_as_it_evaluates():
         room.set_waiting(shapes)
         expected = [float("-inf") if (ev := room.evaluate(v, whole)) is None else ev[0] for v in views]
         assert room.scores(views, whole) == expected
+
+
+def test_waiting_shapes_linger_after_their_last_pod_waited():
+    shapes = WaitingShapes(linger_s=100)
+    assert shapes.expires() == float("inf")
+    # Only multi-GPU demands count, by shape (CPU and memory are not part of the room a pod needs).
+    assert list(shapes.update([Demand(FULL, 8, cpu=4), Demand(300, 1)], 0.0)) == [EIGHT]
+    assert shapes.expires() == 100.0
+    assert list(shapes.update([FOUR], 50.0)) == [EIGHT, FOUR]
+    # The eight-GPU shape last waited at 0: still there at 100, gone past it; four waited until 50.
+    assert set(shapes.update([], 100.0)) == {EIGHT, FOUR}
+    assert list(shapes.update([], 100.5)) == [FOUR]
+    assert shapes.expires() == 150.0
+    assert list(shapes.update([], 151.0)) == []
+    with pytest.raises(ValueError, match="linger"):
+        WaitingShapes(linger_s=-1)
 
 
 def test_consolidation_frees_a_gpu_with_its_largest_movable_pod_first():
