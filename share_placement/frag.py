@@ -86,6 +86,9 @@ class FragPolicy(ViewPolicy):
         self._pricer = Pricer(self._table, self._wa, self._wb, self._gap_w, gpu_unit)
         self._pressure: dict[str, float] = {}
         self._agg_memo: dict[GpuView, Aggregates] = {}
+        # (sorted GPUs, model, free, per_gpu) -> `shift_aggregates` of that node's aggregates: one GPU of
+        # the node losing a share, whatever the node's CPU (the timeline asks it for many CPU states).
+        self._shift_memo: dict[tuple[GpuView, str, int, int], Aggregates] = {}
         self._sums_memo: dict[GpuView, KeySums] = {}
         self._memo: dict[Any, int] = {}
         self._eval_memo: dict[Demand, dict[NodeView, Evaluation]] = {}
@@ -136,6 +139,7 @@ class FragPolicy(ViewPolicy):
         pricer = Pricer(table, self._wa, self._wb, self._gap_w, self.gpu_unit)
         if [(g.models, g.per_gpu) for g in table.groups] != [(g.models, g.per_gpu) for g in self._table.groups]:
             self._agg_memo = {}  # the sums depend on the groups' sizes, not their weights
+            self._shift_memo = {}
         if pricer.keys != self._pricer.keys:
             self._sums_memo = {}
         if pricer.all_qs is not None and pricer.all_qs == self._pricer.all_qs:
@@ -607,7 +611,9 @@ class FragPolicy(ViewPolicy):
                     best = (delta, left, chosen)
         else:
             before = self.node_units(gpus, cpu_free)
-            aggs = self.aggregates(tuple(sorted(gpus))) if demand.count == 1 else ()
+            gpus_sorted = tuple(sorted(gpus))
+            aggs = self.aggregates(gpus_sorted) if demand.count == 1 else ()
+            shift_memo = self._shift_memo
             if self.host_quantile is not None and pricer.host_needs is None:
                 pricer.host_needs = self.host_needs()
             mem_free = view[2]
@@ -617,9 +623,16 @@ class FragPolicy(ViewPolicy):
                 if demand.count == 1:
                     # One GPU changes: update the per-group sums instead of recounting the node.
                     m, f = gpus[chosen[0]]
+                    key = (gpus_sorted, m, f, per)
+                    shifted = shift_memo.get(key)
+                    if shifted is None:
+                        shifted = shift_aggregates(aggs, table, m, f, f - per)
+                        if len(shift_memo) >= self.MEMO_LIMIT:
+                            shift_memo.clear()
+                        shift_memo[key] = shifted
                     after = fragmentation_units(
                         node_free - per,
-                        shift_aggregates(aggs, table, m, f, f - per),
+                        shifted,
                         cpu_after,
                         table,
                         self._wa,

@@ -19,9 +19,29 @@ import share_placement as placement
 from share_placement import Demand
 from share_placement import NodeView
 from share_placement import Policy
+from share_placement.starvation import RoomForWaiting
 from share_scheduler.sim.workload import Workload
 
 _MISSING = object()
+
+# Policies whose answer for a node that has the CPU and memory a demand asks depends on less than the whole
+# (view, demand), so one evaluation serves many: "gpus" (binpack, spread: the node's GPUs and the demand's
+# GPU shape alone), "gpus+cpu" (bestfit, fgd: also the node's free CPU and the demand's CPU; memory only
+# gates). Exact types only: a subclass may score otherwise. `RoomForWaiting` adds a price on the GPUs alone,
+# so it inherits its base's. tests/unit/sim/test_cluster.py holds each policy to it on random views.
+SCORE_INPUTS: dict[type, str] = {
+    placement.BinpackPolicy: "gpus",
+    placement.SpreadPolicy: "gpus",
+    placement.BestFitPolicy: "gpus+cpu",
+    placement.FgdPolicy: "gpus+cpu",
+}
+
+
+def score_inputs(policy: Policy) -> str | None:
+    """What the policy's evaluation depends on beyond the CPU and memory check (SCORE_INPUTS), or None: all."""
+    if type(policy) is RoomForWaiting:
+        return score_inputs(policy.base)
+    return SCORE_INPUTS.get(type(policy))
 
 
 class ClusterState:
@@ -52,6 +72,25 @@ class ClusterState:
                 dix = self.demand_ids[d] = len(self.demands)
                 self.demands.append(d)
             self.pod_demand.append(dix)
+        # Evaluations shared between demands and states (see SCORE_INPUTS): per demand its class (the same
+        # GPU shape, and CPU for "gpus+cpu"), evaluated once per node key (the GPUs, and free CPU) with a
+        # representative demand that asks no memory (and no CPU for "gpus"), for a node the demand fits on
+        # CPU and memory (`cannot_fit`'s host test, which is `eligible_positions`').
+        self.inputs = score_inputs(policy) if self.cacheable else None
+        self._cls: list[int] = []
+        self._reps: list[Demand] = []
+        if self.inputs is not None:
+            classes: dict[tuple, int] = {}
+            for d in self.demands:
+                cpu = d.cpu if self.inputs == "gpus+cpu" else 0
+                key = (d.per_gpu, d.count, d.models, cpu)
+                c = classes.get(key)
+                if c is None:
+                    c = classes[key] = len(self._reps)
+                    self._reps.append(Demand(d.per_gpu, d.count, d.models, cpu, 0))
+                self._cls.append(c)
+        self._shared: dict[tuple, list] = {}  # node key -> evaluation per class
+        self._srow: dict[int, list] = {}  # state id -> its node key's row of `_shared`
         # Node state interning: view -> state id; state id -> sorted node indices in that state.
         self.state_ids: dict[NodeView, int] = {}
         self.state_views: dict[int, NodeView] = {}
@@ -79,7 +118,32 @@ class ClusterState:
             self.memo[sid] = [_MISSING] * len(self.demands)
             self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
             self.born.append(sid)
+            if self.inputs is not None:
+                self._srow[sid] = self._shared_row(view)
         return sid
+
+    SHARED_LIMIT = 200_000  # node keys kept; past it the table starts afresh (live states keep their rows)
+
+    def _shared_row(self, view: NodeView) -> list:
+        key = view[0] if self.inputs == "gpus" else (view[0], view[1])
+        row = self._shared.get(key)
+        if row is None:
+            if len(self._shared) >= self.SHARED_LIMIT:
+                self._shared = {}
+            row = self._shared[key] = [_MISSING] * len(self._reps)
+        return row
+
+    def _evaluate_fitting(self, sid: int, dix: int) -> placement.Evaluation:
+        """The policy's answer for state `sid` and demand `dix`, which passed the host test of `cannot_fit`:
+        shared within the demand's class where SCORE_INPUTS allows."""
+        if self.inputs is None:
+            return self.evaluate(self.state_views[sid], self.demands[dix])
+        row = self._srow[sid]
+        c = self._cls[dix]
+        ev = row[c]
+        if ev is _MISSING:
+            ev = row[c] = self.evaluate(self.state_views[sid], self._reps[c])
+        return ev
 
     def forget_evaluations(self) -> None:
         """Drop every memoised evaluation and the indexed chooser's heaps: the policy's answers changed
@@ -90,6 +154,10 @@ class ClusterState:
         for heap in self._heaps:
             heap.clear()
         self._read = [0] * blank
+        if self.inputs is not None:
+            self._shared = {}
+            for sid in self.memo:
+                self._srow[sid] = self._shared_row(self.state_views[sid])
 
     def view(self, node: int) -> NodeView:
         return self.state_views[self.node_state[node]]
@@ -101,7 +169,7 @@ class ClusterState:
         row = self.memo[sid]
         ev = row[dix]
         if ev is _MISSING:
-            ev = row[dix] = self.evaluate(self.state_views[sid], self.demands[dix])
+            ev = row[dix] = None if self.cannot_fit(sid, dix) else self._evaluate_fitting(sid, dix)
         return ev
 
     def _fitting(self, dix: int) -> Iterator[tuple[int, placement.Evaluation]]:
@@ -236,6 +304,10 @@ class ClusterState:
         evaluate = self.evaluate
         count, per, cpu, mem = demand.count, demand.per_gpu, demand.cpu, demand.memory
         push = heapq.heappush
+        shared = self.inputs
+        if shared is not None:
+            srows, c = self._srow, self._cls[dix]
+            rep = self._reps[c]
         for sid in sids:
             row = memo.get(sid)
             if row is None:  # born and gone since this demand last asked
@@ -251,8 +323,14 @@ class ClusterState:
                     or (count and (len(desc) < count or desc[count - 1] < per))
                 ):
                     ev = row[dix] = None
-                else:
+                elif shared is None:
                     ev = row[dix] = evaluate(view, demand)
+                else:
+                    srow = srows[sid]
+                    ev = srow[c]
+                    if ev is _MISSING:
+                        ev = srow[c] = evaluate(view, rep)
+                    row[dix] = ev
             if ev is not None:
                 push(heap, (-ev[0], sid))
 
@@ -305,6 +383,7 @@ class ClusterState:
             if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
                 del self.memo[old]
                 del self.desc[old]
+                self._srow.pop(old, None)
                 del self.state_ids[self.state_views.pop(old)]
         new_members = self.members.setdefault(new, [])
         new_members.append(node)

@@ -201,7 +201,20 @@ class RemedyHooks(TimelineHooks):
         waiters = [w for w in self.waiters(timeline, now, limits.after_s) if w.uid not in holders]
         if not waiters:
             return
-        new = plan_reservations(waiters, self.node_states(timeline), live, now, limits, timeline.capacity)
+        # As the extender does (`_node_refuses`): each pod over the nodes that could ever host it, the
+        # node's whole CPU and memory against the pod's (a pod asking 120 cores never runs on a 96-core
+        # node, however much of it drains); one pod at a time, in queue order, each seeing the holds made.
+        nodes = self.node_states(timeline)
+        hosts = [(n.cpu, n.memory) for n in timeline.workload.nodes]
+        new: list[Hold] = []
+        for w in queue_order(waiters):
+            d = w.demand
+            fit = [
+                node
+                for node, (cpu, mem) in zip(nodes, hosts, strict=True)
+                if (cpu is None or cpu >= d.cpu) and (mem is None or mem >= d.memory)
+            ]
+            new.extend(plan_reservations([w], fit, live + new, now, limits, timeline.capacity))
         self.holds.extend(new)
 
     # --- consolidation ---

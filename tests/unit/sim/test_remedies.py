@@ -75,6 +75,31 @@ def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_place
     assert tl.hooks.holds == []
 
 
+def test_a_reservation_goes_only_to_a_node_whose_cpu_and_memory_could_ever_host_the_pod():
+    # n0: 2 GPUs and 16 cores; n1: 2 GPUs and 64 cores. The pair asks 32 cores: it can never run on n0,
+    # however much of it drains. Whole-GPU pods fill n0, then n1 (binpack); the pair arrives at 1 and
+    # waits; at 10 n0's first pod leaves, so n0 is one GPU short of the pair and n1 two. At 20 (the
+    # loop, run by a CPU-only arrival) the pair's reservation must be on n1, the only node it could use.
+    pods = (*PODS[:2], SimPod("big-pair", 1000, 2, cpu=32000, duration=100.0), PODS[2], PODS[4])
+    nodes = (
+        SimNode("n0", "T4", (1000, 1000), cpu=16000, memory=10**6),
+        SimNode("n1", "T4", (1000, 1000), cpu=64000, memory=10**6),
+    )
+    arrivals = [
+        Arrival(0, 4, 10),
+        Arrival(0.5, 4, 300),
+        Arrival(0.6, 4, 300),
+        Arrival(0.7, 4, 300),
+        Arrival(1, 2, 100),
+        Arrival(20, 3, 1),
+    ]
+    options = RemedyOptions(reserve=True, limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0), tick_s=1)
+    tl = timeline(Workload(nodes, pods), BinpackPolicy(), arrivals, options, end=50)
+    assert [tl.where[seq][0] for seq in (1, 2, 3)] == [0, 1, 1]
+    assert [h.node for h in tl.hooks.holds] == ["n1"]
+    assert tl.started[4] is None  # n1's pods run to 300: the pair still waits, with n1 held for it
+
+
 def test_a_reservation_does_not_hold_against_a_higher_priority_pod():
     pods = (*PODS[:3], SimPod("urgent", 500, 1, cpu=1000, priority=2, duration=100.0))
     workload = Workload(cluster(2).nodes, pods)
