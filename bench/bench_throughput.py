@@ -7,7 +7,10 @@ profile of the extender's scheduler), creates M pods at once and waits until all
 
 Prints per scenario: pods/s (M over first create to last bind seen), scheduling latency p50/p99
 (create to bound, seen by a watch), CPU seconds per 1,000 pods of etcd, kube-apiserver,
-kube-scheduler, the extender and this client, and the extender's own mean filter/bind time. The
+kube-scheduler, the extender and this client, and the extender's own mean filter/bind time; also
+kube-scheduler's own cycle (its scheduling_algorithm and Filter/Score histograms: the extender's filter
+round trip is algorithm less Filter) and each server's time runnable but waiting for a CPU (schedstat).
+--pprof DIR adds py-spy's profile of the extender (bench/stacks_top.py ranks it) to the Go ones. The
 ratio to "alone" at the same client QPS is the figure to read: every process shares the machine's
 cores, so absolute numbers move with the machine, ratios far less. The extenders run as installed:
 with the chart's ServiceAccount, RBAC and a token (--extender-auth admin-cert: the admin certificate,
