@@ -26,6 +26,7 @@ timeline (timeline.py):
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -122,16 +123,38 @@ class RemedyHooks(TimelineHooks):
         self._last_try: dict[int, float] = {}
         self._shapes = WaitingShapes(options.linger_s)
         self._states: dict[int, tuple[int, NodeState]] = {}
+        self._held_key: tuple = ()
+        self._held_until = math.inf
+        self._held_cache: dict[tuple[int, int | None], dict[int, NodeView] | None] = {}
 
     # --- what a pod sees ---
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
         if not self.holds:
             return None
         pod = timeline.arrivals[seq].pod
-        taken = held_units(self.holds, timeline.pod_priority[pod], _uid(seq), now=timeline.now)
-        if not taken:
-            return None
-        return {self.index[n]: held_view(timeline.cluster.view(self.index[n]), g) for n, g in taken.items()}
+        priority = timeline.pod_priority[pod]
+        uid = _uid(seq)
+        # Pods of one priority that hold nothing see the same holds: one answer for them all while the
+        # holds, the held nodes' states and the holds' expiries stand (the queue asks it per pod).
+        holds = tuple(self.holds)
+        node_state = timeline.cluster.node_state
+        key = (holds, tuple(node_state[self.index[h.node]] for h in holds))
+        if key != self._held_key or timeline.now >= self._held_until:
+            self._held_key = key
+            self._held_until = min((h.expires for h in holds if not h.expired(timeline.now)), default=math.inf)
+            self._held_cache.clear()
+        holder = any(h.holder_uid == uid for h in holds)
+        sig = (priority, seq if holder else None)
+        if sig in self._held_cache:
+            return self._held_cache[sig]
+        taken = held_units(holds, priority, uid, now=timeline.now)
+        out = (
+            {self.index[n]: held_view(timeline.cluster.view(self.index[n]), g) for n, g in taken.items()}
+            if taken
+            else None
+        )
+        self._held_cache[sig] = out
+        return out
 
     # --- after every event ---
     def after_event(self, timeline: Timeline, now: float) -> None:
@@ -359,6 +382,7 @@ class RemedyTimeline(Timeline):
     the grouped retry while no hold exists, and the indexed choice when its pick is not a held node."""
 
     hooks: RemedyHooks
+    exact_retry = False  # True: the pod-by-pod retry on held nodes (the reference the fast one equals)
 
     def __init__(
         self,
@@ -398,14 +422,66 @@ class RemedyTimeline(Timeline):
         return out
 
     def retry_on(self, node: int) -> None:
-        if self.hooks.holds:
+        if not self.queues:
+            return
+        name = self.hooks.names[node]
+        here = [h for h in self.hooks.holds if h.node == name and not h.expired(self.now)]
+        if here and self.exact_retry:
             super().retry_on(node)
             return
-        hooks, self.hooks = self.hooks, None  # no hold: every pod sees the same room, the grouped retry
+        if here:
+            self._retry_held_node(node, here)
+            return
+        # No hold on this node: every waiting pod sees the same room there, and the retry places only
+        # there, so the grouped retry (one check per demand) is the pod-by-pod one.
+        hooks, self.hooks = self.hooks, None
         try:
             super().retry_on(node)
         finally:
             self.hooks = hooks
+
+    def _retry_held_node(self, node: int, here: list[Hold]) -> None:
+        """The pod-by-pod retry on a held node, checking only the pods that could be first to fit.
+
+        A hold applies to pods of its priority or lower (`Hold.applies_to`), so within one demand a pod
+        later in queue order (priority no higher) that holds nothing sees the holds its head sees, and
+        more: if the head does not fit, it does not either. The candidates are each demand's head and
+        every waiting holder of a hold here; the first in queue order that fits is the one the pod-by-pod
+        retry would place, and after it room only shrank (`exact_retry` runs that reference)."""
+        holders = {_seq(h.holder_uid) for h in here}
+        cluster = self.cluster
+        pods, prio = self.arrivals, self.pod_priority
+        while self.queues:
+            view = cluster.view(node)
+            sid = cluster.node_state[node]
+            seen: dict[tuple, NodeView] = {}
+            candidates = {heap[0] for heap in self.queues.values()}
+            for seq in holders:
+                if self.started[seq] is None and seq < len(pods):
+                    key = (-prio[pods[seq].pod], seq)
+                    if key in self.queues.get(cluster.pod_demand[pods[seq].pod], ()):
+                        candidates.add(key)
+            placed = False
+            for key in sorted(candidates):
+                seq = key[1]
+                p = prio[pods[seq].pod]
+                taken = held_units(here, p, _uid(seq), now=self.now).get(self.hooks.names[node])
+                dix = cluster.pod_demand[pods[seq].pod]
+                if not taken:
+                    ev = cluster.evaluation(sid, dix)
+                else:
+                    sig = (p, seq if seq in holders else None)
+                    reduced = seen.get(sig)
+                    if reduced is None:
+                        reduced = seen[sig] = held_view(view, taken)
+                    ev = cluster.evaluate(reduced, cluster.demands[dix])
+                if ev is not None:
+                    self.unqueue(seq)
+                    self.place(seq, node, ev[1])
+                    placed = True
+                    break
+            if not placed:
+                return
 
 
 def simulate_with_remedies(

@@ -455,8 +455,12 @@ class Timeline:
         pod = self.arrivals[seq].pod
         dix = self.cluster.pod_demand[pod]
         heap = self.queues[dix]
-        heap.remove((-self.pod_priority[pod], seq))
-        heapq.heapify(heap)
+        key = (-self.pod_priority[pod], seq)
+        if heap[0] == key:
+            heapq.heappop(heap)
+        else:
+            heap.remove(key)
+            heapq.heapify(heap)
         if not heap:
             del self.queues[dix]
         self.waiting_count[self.pod_class[pod]] -= 1

@@ -16,12 +16,15 @@ from share_scheduler.sim.remedies import RemedyHooks
 from share_scheduler.sim.remedies import RemedyOptions
 from share_scheduler.sim.remedies import RemedyTimeline
 from share_scheduler.sim.remedies import simulate_with_remedies
+from share_scheduler.sim.timeline import DAY
 from share_scheduler.sim.timeline import Arrival
+from share_scheduler.sim.timeline import poisson_arrivals
 from share_scheduler.sim.timeline import simulate_timeline
 from share_scheduler.sim.timeline_cli import parse_args
 from share_scheduler.sim.workload import SimNode
 from share_scheduler.sim.workload import SimPod
 from share_scheduler.sim.workload import Workload
+from tests.unit.sim.test_timeline import churn
 
 # Pods by index: 0 a half-GPU share, 1 a two-GPU pod, 2 a CPU-only pod (its arrivals make the remedies'
 # loop run at a chosen time, as the extender's timer would), 3 a 300-unit share, 4 a whole GPU.
@@ -177,3 +180,42 @@ def test_cli_json_carries_evictions_per_1000_placed_in_mean_and_every_seed(capsy
     assert doc["mean"]["evictions_per_1000_placed"] == pytest.approx(
         sum(s["evictions_per_1000_placed"] for s in doc["seeds"]) / 2, abs=0.002
     )
+
+
+@pytest.mark.parametrize("name", ["binpack", "bestfit", "frag"])
+def test_the_quick_retry_on_held_nodes_places_as_the_pod_by_pod_one(name):
+    """RemedyTimeline retries a held node checking only each demand's head and the holders: the same pods
+    start at the same times on the same GPUs as the pod-by-pod retry (`exact_retry`), with priorities and
+    several holds of different priorities standing at once."""
+    w = churn(7)
+    arrivals = poisson_arrivals(w, 1.2, days=1.5, cap_days=1, seed=3)
+    options = RemedyOptions(
+        leave_room=True,
+        reserve=True,
+        consolidate=True,
+        limits=ReservationLimits(after_s=300, max_holds=3, max_share=0.5, ttl_s=2 * 3600),
+        tick_s=60,
+        consolidate_after_s=1200,
+    )
+    runs = {}
+    holds_seen = {}
+    for exact in (True, False):
+        hooks = RemedyHooks(w, arrivals, options, seed=0)
+        tl = RemedyTimeline(w, engine.build_policy(name, 0, w), arrivals, 0.25 * DAY, 1.5 * DAY, 0, hooks)
+        tl.exact_retry = exact
+        seen: set[tuple[int, ...]] = set()
+        real_retry = tl.retry_on
+
+        def spy(node, tl=tl, seen=seen, real=real_retry):
+            here = tuple(sorted({h.priority for h in tl.hooks.holds if h.node == tl.hooks.names[node]}))
+            if here:
+                seen.add(here)
+            real(node)
+
+        tl.retry_on = spy
+        tl.run()
+        runs[exact] = (tl.started, sorted(tl.where.items()), [s for s, _, _ in tl.waiting()], hooks.evictions)
+        holds_seen[exact] = seen
+    assert holds_seen[True], "no retry ever ran on a held node: the test shows nothing"
+    assert sum(s is not None and s > a.time for s, a in zip(runs[True][0], arrivals, strict=False)) > 20
+    assert runs[False] == runs[True]
