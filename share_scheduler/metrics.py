@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,22 @@ from share_scheduler.waiting import wait_class
 # Fine where a healthy extender answers (filter ~1 ms, bind one API call ~5-20 ms), coarse beyond.
 _BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.035, 0.05,
             0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+
+
+class _LeadingCollector:
+    """gpushare_extender_leading, read at scrape time from `Leadership.is_leader`."""
+
+    def __init__(self, is_leader: Callable[[], bool]) -> None:
+        self.is_leader = is_leader
+
+    def collect(self) -> Any:
+        leading = GaugeMetricFamily(
+            "gpushare_extender_leading",
+            "1 while this replica acts on its own (evictions, reservations, consolidation): the one beside the "
+            "kube-scheduler that holds the leader Lease, or the only replica",
+        )
+        leading.add_metric([], 1 if self.is_leader() else 0)
+        yield leading
 
 
 class _SyncedCollector:
@@ -209,6 +226,10 @@ class Metrics:
     def _waited(self, pod: WaitingPod, node: str) -> None:
         if pod.created:
             self.pod_wait.labels(wait_class(pod.demand, self._cache.largest_gpu)).observe(pod.waited(time.time()))
+
+    def watch_leadership(self, is_leader: Callable[[], bool]) -> None:
+        """gpushare_extender_leading: which replica of an HA pair acts on its own (read at scrape time)."""
+        self.registry.register(_LeadingCollector(is_leader))
 
     def watch_leave_room(self, leave_room: LeaveRoom) -> None:
         """`--leave-room on`: export the shapes the policy leaves room for."""

@@ -158,6 +158,7 @@ class Extender:
         self.syncer = Syncer(kube, cache, watch_timeout=watch_timeout, backoff=sync_backoff, budgets=budgets)
         # Who acts unasked (preemption's evictions, reservations): the replica beside the leading kube-scheduler.
         self.leadership = Leadership(kube, leader_lease, leader_identity)
+        self.metrics.watch_leadership(self.leadership.is_leader)
         self.claims = ClaimDemands(kube, cache, unit) if cache.dra else None
         # The preempt verb and the leader's own preemption (share_scheduler.preempt); its PDBs come with the sync.
         self.preemption = Preemption(

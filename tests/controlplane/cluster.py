@@ -447,11 +447,21 @@ class ControlPlane(StartStop):
         return self._scheduler
 
     def launch_scheduler(
-        self, config_yaml_text: str, name: str, timeout: float = 90.0, kubeconfig: Path | None = None
+        self,
+        config_yaml_text: str,
+        name: str,
+        timeout: float = 90.0,
+        kubeconfig: Path | None = None,
+        hostname: str | None = None,
     ) -> SchedulerHandle:
         """Start one more kube-scheduler (e.g. a standby replica); the caller stops it (`.process.stop()`).
 
-        Its config and certificates are kept apart by `name`; its log is logs/<name>.log."""
+        Its config and certificates are kept apart by `name`; its log is logs/<name>.log. `hostname`: run it
+        in a UTS namespace of its own under that host name, as each replica's pod has one: kube-scheduler
+        names itself in the leader Lease by os.Hostname() + "_" + a UUID (cmd/kube-scheduler/app/options,
+        makeLeaderElectionConfig), so two replicas on one machine are told
+        apart by their extenders as two pods' would be. `unshare` execs in place: the PID stays the
+        scheduler's."""
         binary = self.binary("kube-scheduler")
         config = yaml.safe_load(config_yaml_text) or {}
         if not isinstance(config, dict):
@@ -467,9 +477,13 @@ class ControlPlane(StartStop):
         config_path = self.workdir / f"scheduler-config{suffix}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
+        own_host = []
+        if hostname is not None:
+            own_host = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$1" && shift && exec "$@"', "sh", hostname]
         proc = ManagedProcess(
             name,
             [
+                *own_host,
                 binary,
                 f"--config={config_path}",
                 f"--bind-address={LOOPBACK}",

@@ -102,7 +102,9 @@ class Stack:
         self.extender.stop()
         self.start_extender(self.flags if flags is None else flags)
 
-    def start_scheduler(self, leader_election: dict[str, Any] | None = None, name: str = "kube-scheduler") -> Any:
+    def start_scheduler(
+        self, leader_election: dict[str, Any] | None = None, name: str = "kube-scheduler", hostname: str | None = None
+    ) -> Any:
         config = scheduler_config(
             extender_url=f"{self.url}/gpushare-scheduler", scheduler_name=SCHEDULER, leader_elect=False
         )
@@ -112,7 +114,7 @@ class Stack:
         if leader_election:
             config["leaderElection"] = leader_election
         self.scheduler = self.cp.launch_scheduler(yaml.safe_dump(config), f"{name}-{next(_ids)}",
-                                                  kubeconfig=self.cp.admin_kubeconfig)  # fmt: skip
+                                                  kubeconfig=self.cp.admin_kubeconfig, hostname=hostname)  # fmt: skip
         return self.scheduler
 
     def metrics(self) -> str:
@@ -473,3 +475,74 @@ def test_only_the_replica_beside_the_leading_scheduler_holds(
     assert 'gpushare_reservations_total{outcome="made"}' not in standby.metrics()
     assert 'gpushare_reservations_total{outcome="made"} 1.0' in leader.metrics()
     assert len(wait_for(lambda: events(admin, ns, EVENT_RESERVED, "big"), 30, "the Event")) == 1
+
+
+def lease_holder(admin: ApiServerClient, lease: str) -> str:
+    namespace, name = lease.split("/")
+    doc = admin.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}")
+    return (doc.get("spec") or {}).get("holderIdentity") or ""
+
+
+def test_the_standby_pair_takes_over_and_keeps_the_reservation_until_the_big_pod_is_bound(
+    plane: ControlPlane, chart: dict[str, Any], admin: ApiServerClient, ns: str, stacks: list[Stack], tmp_path: Path
+) -> None:
+    """Two replicas as the chart runs them, each a kube-scheduler and its extender on one host of its own
+    (here a UTS namespace per kube-scheduler, so each names its host in the Lease as a pod would). The
+    leading pair reserves for the big pod; the leading pair goes (its pod lost) while a stream of small
+    pods keeps every GPU busy; the standby kube-scheduler takes the Lease, its extender starts acting, keeps
+    the leader's hold against the stream (no small pod on the held GPU), and the big pod is bound through it."""
+    lease = f"{CHART_NAMESPACE}/{chart['lease']}"
+    election = {"leaderElect": True, "resourceLock": "leases", "resourceNamespace": CHART_NAMESPACE,
+                "resourceName": chart["lease"], "leaseDuration": "6s", "renewDeadline": "4s",
+                "retryPeriod": "1s"}  # fmt: skip
+    create_bare_nodes(admin, [f"{ns}-a"], 2, 16)
+    first = Stack(plane, tmp_path / "a", chart["kubeconfig"],
+                  [*FAST, "--leader-lease", lease, "--leader-identity", f"{ns}-host-a"])  # fmt: skip
+    second = Stack(plane, tmp_path / "b", chart["kubeconfig"],
+                   [*FAST, "--leader-lease", lease, "--leader-identity", f"{ns}-host-b"])  # fmt: skip
+    stacks.extend([first, second])
+    first.start_scheduler(election, "kube-scheduler-a", hostname=f"{ns}-host-a")
+    # The Lease may still name a replica of an earlier test until it lapses (6 s).
+    wait_for(lambda: lease_holder(admin, lease).startswith(f"{ns}-host-a_"), 60, "the first kube-scheduler to lead")
+    second.start_scheduler(election, "kube-scheduler-b", hostname=f"{ns}-host-b")
+    wait_for(lambda: "gpushare_extender_leading 1.0" in first.metrics(), 30, "the first extender to act")
+    assert "gpushare_extender_leading 0.0" in second.metrics()
+    small = [f"small-{i}" for i in range(4)]  # 8 GiB each: two on each 16 GiB GPU, the node full
+    for name in small:
+        create(admin, ns, name, 8)
+    for name in small:
+        bound(admin, ns, name)
+    create(admin, ns, "big", 16)
+    stream = Stream(admin, ns, small, 8)
+    try:
+        hold = wait_for(lambda: holds(admin, ns, "big"), 90, "a reservation for the big pod")[0]
+        held_since = time.time()
+        assert 'gpushare_reservations_total{outcome="made"} 1.0' in first.metrics()
+        wait_for(lambda: second.inspect()["holds"], 30, "the standby's book holding the leader's hold")
+        # The leading pair goes between two steps of the stream, and the stream waits for the standby
+        # to take over: while no kube-scheduler leads, ended pods are not replaced, and a GPU that drained
+        # then would let the big pod in without the hold's help.
+        with stream.step:
+            assert not pod_node(admin.get_pod(ns, "big")), "bound before the fail-over: nothing to show"
+            first.stop()
+            gone = time.time()
+            wait_for(lambda: lease_holder(admin, lease).startswith(f"{ns}-host-b_"), 60, "the standby to lead")
+            wait_for(lambda: "gpushare_extender_leading 1.0" in second.metrics(), 30, "the standby extender to act")
+        big = bound(admin, ns, "big", timeout=180)
+    finally:
+        stream.end()
+    big_bound = parse_assignment(pod_annotations(big)).assume_time_ns / 1e9
+    intruders = [
+        p["metadata"]["name"]
+        for p in admin.list_pods().items
+        if p["metadata"]["namespace"] == ns
+        and p["metadata"]["name"].startswith("small-")
+        and pod_node(p) == hold.node
+        and set(gpus_of(p)[1]) & set(hold.gpus)
+        and held_since + 1 < parse_assignment(pod_annotations(p)).assume_time_ns / 1e9 < big_bound
+    ]
+    assert intruders == [], f"small pods placed on the held GPU while the big pod waited: {intruders}"
+    assert big_bound > gone, "the big pod was bound before the leading pair went"
+    never_overcommitted(admin, ns)
+    big_holds = lambda: [h for h in second.inspect()["holds"] if h["holder"] == f"{ns}/big"]  # noqa: E731
+    wait_for(lambda: not big_holds(), 30, "its hold released once it was bound")

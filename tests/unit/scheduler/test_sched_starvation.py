@@ -214,6 +214,13 @@ def test_only_the_leader_reserves(kube, extender_factory):
     report = loop_of(ext).run_once()
     assert report.skipped == "not the leader" and not report.reserved
     assert holds_on(kube, "big") == []
+    assert "gpushare_extender_leading 0.0" in ext.client.get("/metrics").get_data(as_text=True)
+
+
+def test_a_lone_replica_leads_and_says_so_in_its_metrics(kube, extender_factory):
+    cluster(kube)
+    ext = extender_factory(starvation=CONFIG)
+    assert "gpushare_extender_leading 1.0" in ext.client.get("/metrics").get_data(as_text=True)
 
 
 def test_young_pods_and_other_schedulers_get_nothing(kube, extender_factory):
