@@ -11,6 +11,14 @@ seconds. Prints a table, then one JSON object as the last line.
 
   python bench/bench_live_timeline.py                         # frag, 200 nodes, rho 0.9, seed 0
   python bench/bench_live_timeline.py --policy binpack --nodes 100 --compression 10
+  python bench/bench_live_timeline.py --policy binpack --remedies on   # issue 40's remedies, both sides
+
+`--remedies`: `chart` (default) runs the extender as the chart configures it and share-sim without
+remedies; `off` turns reservations and room-leaving off in the extender; `on` turns on reservations
+and room-leaving on both sides with the same knobs, their times (`--reserve-after`, `--hold-seconds`,
+`--remedy-period`, `--linger`, in simulated seconds) divided by --compression for the live extender.
+Consolidation stays off: the replay's pods are bare (no controller recreates an evicted one), so the
+extender would rightly never move them.
 """
 
 from __future__ import annotations
@@ -27,7 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from share_placement import POLICIES  # noqa: E402
+from share_placement.starvation import ReservationLimits  # noqa: E402
 from share_scheduler.sim.engine import build_policy  # noqa: E402
+from share_scheduler.sim.remedies import RemedyOptions  # noqa: E402
+from share_scheduler.sim.remedies import simulate_with_remedies  # noqa: E402
 from share_scheduler.sim.timeline import CLASSES  # noqa: E402
 from share_scheduler.sim.timeline import DAY  # noqa: E402
 from share_scheduler.sim.timeline import poisson_arrivals  # noqa: E402
@@ -95,6 +106,33 @@ def scheduler_summary(counters: dict[str, float]) -> dict[str, dict[str, int]]:
     return {"attempts": attempts, "moved_to_active_or_backoff": dict(sorted(moved.items(), key=lambda kv: -kv[1]))}
 
 
+def remedy_options(args: argparse.Namespace) -> RemedyOptions | None:
+    """share-sim's side of `--remedies on` (None: no remedies in share-sim)."""
+    if args.remedies != "on":
+        return None
+    d = ReservationLimits()
+    limits = ReservationLimits(after_s=args.reserve_after, max_holds=d.max_holds, max_share=d.max_share,
+                               ttl_s=args.hold_seconds)  # fmt: skip
+    return RemedyOptions(leave_room=True, reserve=True, consolidate=False, limits=limits,
+                         tick_s=args.remedy_period, linger_s=args.linger)  # fmt: skip
+
+
+def extender_flags(args: argparse.Namespace) -> list[str]:
+    """The live extender's side: the same knobs, on its clock (simulated seconds / --compression)."""
+    if args.remedies == "chart":
+        return []
+    if args.remedies == "off":
+        return ["--no-reservations", "--no-consolidation", "--leave-room", "off"]
+    o = remedy_options(args)
+    assert o is not None
+    live = lambda s: f"{s / args.compression:g}"  # noqa: E731
+    return ["--reservations", "--no-consolidation", "--leave-room", "on",
+            "--reserve-after", live(o.limits.after_s), "--hold-seconds", live(o.limits.ttl_s),
+            "--max-reservations", str(o.limits.max_holds), "--reservation-share", f"{o.limits.max_share:g}",
+            "--remedy-min-gpus", str(o.min_gpus), "--starvation-period", live(o.tick_s),
+            "--leave-room-linger", live(o.linger_s)]  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policy", default="frag", choices=chart_policies(), help="the chart's scheduler.policy")
@@ -107,7 +145,14 @@ def main() -> int:
     ap.add_argument("--trace-compress", type=float, default=None, help="the trace's own arrivals, time / this")
     ap.add_argument("--compression", type=float, default=3.0, help="simulated seconds per wall second")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the control plane's files and logs here")
+    ap.add_argument("--remedies", default="chart", choices=["chart", "off", "on"], help="issue 40's remedies")
+    ap.add_argument("--reserve-after", type=float, default=120.0, help="simulated s waited before a reservation")
+    ap.add_argument("--hold-seconds", type=float, default=1200.0, help="simulated s one hold lasts")
+    ap.add_argument("--remedy-period", type=float, default=30.0, help="simulated s between the remedies' passes")
+    ap.add_argument("--linger", type=float, default=600.0, help="simulated s room is left after a shape waited")
     args = ap.parse_args()
+    if not args.compression > 0:
+        ap.error("--compression must be positive")
 
     trace = load_openb(livesim.OPENB / "openb_node_list_gpu_node.csv", livesim.OPENB / "openb_pod_list_default.csv")
     nodes = livesim.sample_nodes(trace.nodes, args.nodes, args.seed)
@@ -129,7 +174,11 @@ def main() -> int:
         flush=True,
     )
     policy = build_policy(args.policy, args.seed, taught)
-    sim = simulate_timeline(workload, policy, arrivals, warmup_s, end_s, args.seed)
+    options = remedy_options(args)
+    if options is None:
+        sim = simulate_timeline(workload, policy, arrivals, warmup_s, end_s, args.seed)
+    else:
+        sim = simulate_with_remedies(workload, policy, arrivals, warmup_s, end_s, options, args.seed)
     print(f"share-sim: {sim.seconds:.1f} s", flush=True)
 
     started = time.monotonic()
@@ -138,7 +187,8 @@ def main() -> int:
         cp = ControlPlane(workdir / "cp", k8s_bin_dir())
         cp.start()
         try:
-            live = run_live_timeline(cp, workdir, args.policy, workload, arrivals, args.compression, end_s)
+            live = run_live_timeline(cp, workdir, args.policy, workload, arrivals, args.compression, end_s,
+                                     extender_flags=extender_flags(args))  # fmt: skip
         finally:
             cp.stop()
     wall_s = time.monotonic() - started
@@ -179,6 +229,8 @@ def main() -> int:
         "warmup_days": args.warmup_days,
         "cap_days": args.cap_days,
         "compression": args.compression,
+        "remedies": args.remedies,
+        "extender_flags": extender_flags(args),
         "arrivals": len(arrivals),
         "sim": sim_f,
         "live": live_f,

@@ -162,9 +162,12 @@ class ChartScheduler:
         return out
 
 
-def start_chart_scheduler(cp: ControlPlane, workdir: Path, policy: str) -> ChartScheduler:
+def start_chart_scheduler(
+    cp: ControlPlane, workdir: Path, policy: str, extender_flags: Sequence[str] = ()
+) -> ChartScheduler:
     """The chart's RBAC, the extender on its ServiceAccount with the chart's configuration, and
-    kube-scheduler with the chart's scheduler configuration."""
+    kube-scheduler with the chart's scheduler configuration. `extender_flags` come after `--config` and
+    override it (a bench's remedies, their times scaled to its clock)."""
     docs = chart_documents(policy)
     install_chart_rbac(cp)
     kubeconfig = cp.kubeconfig_for(*sa_identity(CHART_NAMESPACE, EXTENDER_SA))
@@ -174,7 +177,7 @@ def start_chart_scheduler(cp: ControlPlane, workdir: Path, policy: str) -> Chart
     url = f"http://127.0.0.1:{port}"
     # The chart's container runs `share-scheduler --config=...`; the address and port are this host's.
     argv = [sys.executable, "-m", "share_scheduler.cli", f"--config={config_path}", "--kubeconfig", str(kubeconfig),
-            "--port", str(port), "--bind-address", "127.0.0.1"]  # fmt: skip
+            "--port", str(port), "--bind-address", "127.0.0.1", *extender_flags]  # fmt: skip
     extender = ManagedProcess("extender", argv, workdir / "extender.log")
     running = ChartScheduler(extender, url)
     try:
@@ -442,6 +445,7 @@ def run_live_timeline(
     compression: float,
     end_s: float,
     sample_every_s: float | None = None,
+    extender_flags: Sequence[str] = (),
 ) -> LiveTimelineResult:
     """Replay `arrivals` up to simulated second `end_s` through the chart's scheduler on `nodes`; at the
     end, once the watch has shown every deleted pod gone, what the extender still counts."""
@@ -449,7 +453,7 @@ def run_live_timeline(
     admin = ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), component="gpushare-timeline")
     nodes = workload.nodes
     create_cluster_objects(admin, nodes, {workload.pods[a.pod].priority for a in arrivals})
-    running = start_chart_scheduler(cp, workdir, policy)
+    running = start_chart_scheduler(cp, workdir, policy, extender_flags)
     timeline = LiveTimeline(
         admin,
         workload.pods,
