@@ -16,7 +16,9 @@ seconds. Prints a table, then one JSON object as the last line.
 `--remedies`: `chart` (default) runs the extender as the chart configures it and share-sim without
 remedies; `off` turns reservations and room-leaving off in the extender; `on` turns on reservations
 and room-leaving on both sides with the same knobs, their times (`--reserve-after`, `--hold-seconds`,
-`--remedy-period`, `--linger`, in simulated seconds) divided by --compression for the live extender.
+`--remedy-period`, `--linger`, in simulated seconds) divided by --compression for the live extender,
+which acts as a lone replica (no leader Lease: the harness's kube-scheduler runs without leader
+election, and with the chart's Lease the extender would never act on its own).
 Consolidation stays off: the replay's pods are bare (no controller recreates an evicted one), so the
 extender would rightly never move them.
 """
@@ -126,7 +128,9 @@ def extender_flags(args: argparse.Namespace) -> list[str]:
     o = remedy_options(args)
     assert o is not None
     live = lambda s: f"{s / args.compression:g}"  # noqa: E731
-    return ["--reservations", "--no-consolidation", "--leave-room", "on",
+    # One replica: the harness's kube-scheduler runs without leader election, so the chart's leaderLease
+    # would leave the extender never acting on its own; without a Lease it always does (a lone replica).
+    return ["--leader-lease=", "--reservations", "--no-consolidation", "--leave-room", "on",
             "--reserve-after", live(o.limits.after_s), "--hold-seconds", live(o.limits.ttl_s),
             "--max-reservations", str(o.limits.max_holds), "--reservation-share", f"{o.limits.max_share:g}",
             "--remedy-min-gpus", str(o.min_gpus), "--starvation-period", live(o.tick_s),
