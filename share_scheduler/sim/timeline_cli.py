@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import share_placement as placement
 from share_scheduler.sim import remedies
+from share_scheduler.sim import remedies_cli
 from share_scheduler.sim.cli import check_inputs
 from share_scheduler.sim.engine import build_policy
 from share_scheduler.sim.timeline import CLASSES
@@ -65,10 +66,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "fits nowhere, as the extender does; off runs the same engine without it; both add per-priority waits",
     )
     p.add_argument("--plot", metavar="FILE.png", help="allocation and waiting pods over time (needs matplotlib)")
-    remedies.add_arguments(p)
+    remedies_cli.add_arguments(p)
     args = p.parse_args(argv)
     try:
-        args.remedies = remedies.options_from(args)
+        args.remedies = remedies_cli.options_from(args)
     except ValueError as exc:
         p.error(str(exc))
     if args.preempt is not None and args.remedies.any:
