@@ -253,6 +253,20 @@ def owner(uid: str) -> list[dict[str, Any]]:
     return [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "movers", "uid": uid, "controller": True}]
 
 
+def no_intruders(admin: ApiServerClient, ns: str, hold: Any, since: float, until: float) -> None:
+    """No small pod was placed on a GPU of `hold` between `since` (+1 s) and `until` (the big pod's bind)."""
+    intruders = [
+        p["metadata"]["name"]
+        for p in admin.list_pods().items
+        if p["metadata"]["namespace"] == ns
+        and p["metadata"]["name"].startswith("small-")
+        and pod_node(p) == hold.node
+        and set(gpus_of(p)[1]) & set(hold.gpus)
+        and since + 1 < parse_assignment(pod_annotations(p)).assume_time_ns / 1e9 < until
+    ]
+    assert intruders == [], f"small pods placed on the held GPU while the big pod waited: {intruders}"
+
+
 # -- reservations -----------------------------------------------------------------------------------
 
 
@@ -341,16 +355,7 @@ def test_reservation_holds_against_a_stream_of_small_pods_until_the_big_pod_is_b
     # While it waited, the hold kept every small pod off the GPU held for it (the big pod may still take
     # another GPU that drained meanwhile, e.g. while the extender restarted).
     big_bound = parse_assignment(pod_annotations(big)).assume_time_ns / 1e9
-    intruders = [
-        p["metadata"]["name"]
-        for p in admin.list_pods().items
-        if p["metadata"]["namespace"] == ns
-        and p["metadata"]["name"].startswith("small-")
-        and pod_node(p) == hold.node
-        and set(gpus_of(p)[1]) & set(hold.gpus)
-        and held_since + 1 < parse_assignment(pod_annotations(p)).assume_time_ns / 1e9 < big_bound
-    ]
-    assert intruders == [], f"small pods placed on the held GPU while the big pod waited: {intruders}"
+    no_intruders(admin, ns, hold, held_since, big_bound)
     never_overcommitted(admin, ns)
     wait_for(lambda: not [h for h in stack.inspect()["holds"] if h["holder"] == f"{ns}/big"], 30, "its hold released")
 
@@ -532,16 +537,7 @@ def test_the_standby_pair_takes_over_and_keeps_the_reservation_until_the_big_pod
     finally:
         stream.end()
     big_bound = parse_assignment(pod_annotations(big)).assume_time_ns / 1e9
-    intruders = [
-        p["metadata"]["name"]
-        for p in admin.list_pods().items
-        if p["metadata"]["namespace"] == ns
-        and p["metadata"]["name"].startswith("small-")
-        and pod_node(p) == hold.node
-        and set(gpus_of(p)[1]) & set(hold.gpus)
-        and held_since + 1 < parse_assignment(pod_annotations(p)).assume_time_ns / 1e9 < big_bound
-    ]
-    assert intruders == [], f"small pods placed on the held GPU while the big pod waited: {intruders}"
+    no_intruders(admin, ns, hold, held_since, big_bound)
     assert big_bound > gone, "the big pod was bound before the leading pair went"
     never_overcommitted(admin, ns)
     big_holds = lambda: [h for h in second.inspect()["holds"] if h["holder"] == f"{ns}/big"]  # noqa: E731

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from share_scheduler import cli as extender_cli
+from tests.unit.benchload import load_bench
 
-ROOT = Path(__file__).resolve().parents[3]
 CHART_CONFIG = """apiVersion: gpushare.io/v1
 kind: Configuration
 scheduler:
@@ -23,16 +21,7 @@ scheduler:
 """
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_live_timeline", ROOT / "bench" / "bench_live_timeline.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+bench = load_bench("bench_live_timeline")
 
 
 def args(remedies: str, compression: float = 6.0) -> argparse.Namespace:
