@@ -5,13 +5,16 @@ policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) 
 policy's own `evaluate` and reused until no node is in that state any more. The ATC'23 protocol
 (engine.py: pods only arrive) places through `ClusterState.best`, a scan of every state; the timeline
 (timeline.py: pods arrive, wait and leave, hundreds of thousands of times) through `best_indexed`, the
-same choice from a heap per demand that only looks at the states born since that demand last asked.
+same choice from a heap per demand that only looks at the states born since that demand last asked and
+that it may fit: each state, when born, is handed to the demands its free CPU, memory and GPUs allow
+(`FitIndex`, one bit per demand), so a demand never walks the states it could not use.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+from bisect import bisect_right
 from collections.abc import Iterable
 from collections.abc import Iterator
 
@@ -42,6 +45,56 @@ def score_inputs(policy: Policy) -> str | None:
     if type(policy) is RoomForWaiting:
         return score_inputs(policy.base)
     return SCORE_INPUTS.get(type(policy))
+
+
+class FitIndex:
+    """Which demands a node state may fit, as one int with a bit per demand id: `cannot_fit`'s test for
+    every demand at once.
+
+    A demand may fit when the state's free CPU and memory reach its asks and, for a GPU demand of count c,
+    the state's c-th largest GPU free reaches its per-GPU ask (whatever the model: the policy decides
+    that). Each test is a prefix of the demands sorted by that ask, so a state's answer is a few
+    bisections and three ANDs, however many demands there are."""
+
+    def __init__(self, demands: list[Demand]) -> None:
+        self.everyone = (1 << len(demands)) - 1
+        self.cpu = self._prefixes([(d.cpu, i) for i, d in enumerate(demands)])
+        self.memory = self._prefixes([(d.memory, i) for i, d in enumerate(demands)])
+        self.gpu_free = 0  # CPU-only demands: no GPU test
+        by_count: dict[int, list[tuple[int, int]]] = {}
+        for i, d in enumerate(demands):
+            if d.count == 0:
+                self.gpu_free |= 1 << i
+            else:
+                by_count.setdefault(d.count, []).append((d.per_gpu, i))
+        self.gpus = [(count, *self._prefixes(asks)) for count, asks in sorted(by_count.items())]
+
+    @staticmethod
+    def _prefixes(asks: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+        """(sorted asks, masks): masks[k] has the bits of the demands with the k smallest asks."""
+        asks = sorted(asks)
+        masks = [0]
+        for _, i in asks:
+            masks.append(masks[-1] | 1 << i)
+        return [a for a, _ in asks], masks
+
+    def mask(self, view: NodeView, desc: tuple[int, ...]) -> int:
+        """The demands `view` (its GPUs' frees in descending order: `desc`) may fit."""
+        _, cpu_free, mem_free = view
+        host = self.everyone
+        if cpu_free is not None:
+            asks, masks = self.cpu
+            host &= masks[bisect_right(asks, cpu_free)]
+        if mem_free is not None:
+            asks, masks = self.memory
+            host &= masks[bisect_right(asks, mem_free)]
+        gpus = self.gpu_free
+        n = len(desc)
+        for count, asks, masks in self.gpus:
+            if count > n:
+                break
+            gpus |= masks[bisect_right(asks, desc[count - 1])]
+        return host & gpus
 
 
 class ClusterState:
@@ -98,12 +151,19 @@ class ClusterState:
         self.memo: dict[int, list] = {}  # state id -> evaluation per demand id (_MISSING: not yet)
         self.node_state: list[int] = []
         self._next_id = 0
-        # Every state id in the order it was first taken by a node (ids are never reused), and per state
-        # its GPUs' free units in descending order: the indexed chooser's quick "cannot fit" test.
-        self.born: list[int] = []
+        # Per live state its GPUs' free units in descending order and the demands it may fit (`FitIndex`;
+        # state ids are never reused). The indexed chooser keeps a heap per demand, and per demand the
+        # states born since it last asked that it may fit (`_pending`); a demand whose pending list
+        # outgrew the live states rebuilds its heap from them instead (`_rebuild`), and until then is
+        # handed nothing (`_listening`: the bits of the demands that are not to rebuild).
+        self.fit = FitIndex(self.demands)
         self.desc: dict[int, tuple[int, ...]] = {}
+        self.fitmask: dict[int, int] = {}
         self._heaps: list[list[tuple[float, int]]] = [[] for _ in self.demands]
-        self._read: list[int] = [0] * len(self.demands)  # how much of `born` each demand's heap has seen
+        self._pending: list[list[int]] = [[] for _ in self.demands]
+        self._rebuild: list[bool] = [True] * len(self.demands)
+        self._listening = 0
+        self._births = 0
         for i, n in enumerate(workload.nodes):
             sid = self.intern((tuple((n.model, g) for g in n.gpus), n.cpu, n.memory))
             self.node_state.append(sid)
@@ -116,11 +176,30 @@ class ClusterState:
             self._next_id += 1
             self.state_views[sid] = view
             self.memo[sid] = [_MISSING] * len(self.demands)
-            self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
-            self.born.append(sid)
+            desc = self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
+            mask = self.fitmask[sid] = self.fit.mask(view, desc)
+            mask &= self._listening
+            pending = self._pending
+            while mask:  # hand the new state to every demand it may fit that keeps its heap up to date
+                low = mask & -mask
+                pending[low.bit_length() - 1].append(sid)
+                mask ^= low
+            self._births += 1
+            if not self._births & 1023:
+                self._trim_pending()
             if self.inputs is not None:
                 self._srow[sid] = self._shared_row(view)
         return sid
+
+    def _trim_pending(self) -> None:
+        """Bound the memory of demands that stopped asking: a pending list longer than the live states is
+        dropped, its demand rebuilds from the live states when it next asks (as it would anyway)."""
+        live = len(self.members)
+        for dix, pending in enumerate(self._pending):
+            if len(pending) > live:
+                pending.clear()
+                self._rebuild[dix] = True
+                self._listening &= ~(1 << dix)
 
     SHARED_LIMIT = 200_000  # node keys kept; past it the table starts afresh (live states keep their rows)
 
@@ -153,7 +232,10 @@ class ClusterState:
             self.memo[sid] = [_MISSING] * blank
         for heap in self._heaps:
             heap.clear()
-        self._read = [0] * blank
+        for pending in self._pending:
+            pending.clear()
+        self._rebuild = [True] * blank
+        self._listening = 0
         if self.inputs is not None:
             self._shared = {}
             for sid in self.memo:
@@ -226,14 +308,7 @@ class ClusterState:
     def cannot_fit(self, sid: int, dix: int) -> bool:
         """True when the demand surely does not fit state `sid` (too little CPU, memory, or too few GPUs
         with room, whatever their model): `eligible_positions` would say None. False: maybe it fits."""
-        d = self.demands[dix]
-        _, cpu_free, mem_free = self.state_views[sid]
-        if (cpu_free is not None and cpu_free < d.cpu) or (mem_free is not None and mem_free < d.memory):
-            return True
-        if d.count == 0:
-            return False
-        desc = self.desc[sid]
-        return len(desc) < d.count or desc[d.count - 1] < d.per_gpu
+        return not self.fitmask[sid] >> dix & 1
 
     def fits(self, sid: int, dix: int) -> bool:
         """Whether demand `dix` fits a node in state `sid` (the policy's own answer where it is cacheable)."""
@@ -251,7 +326,8 @@ class ClusterState:
         """`best`'s choice, found without scanning every state (the timeline's hot path).
 
         Cacheable policies: a heap per demand of (-score, state id) over the states alive when the demand
-        last asked, topped up from `born` and cleaned lazily of states no node is in any more. Ties: the
+        last asked, topped up from the states born since that it may fit (`FitIndex`) and cleaned lazily of
+        states no node is in any more. Ties: the
         first node, or for `random_ties` a uniform pick among the tied nodes (states in id order), no draw
         when one node is best. A policy that is not cacheable is asked node by node (`best`), unless it
         says `uniform_scores` (random): it scores every node independently and uniformly, so its best
@@ -263,16 +339,18 @@ class ClusterState:
             return self._uniform_fit(dix, rng if rng is not None else random.Random(0))
         heap = self._heaps[dix]
         members = self.members
-        born = self.born
-        start = self._read[dix]
-        if start < len(born):
-            self._read[dix] = len(born)
-            if len(born) - start > len(members):  # more news than states: rebuild from the live states
-                heap.clear()
-                self._top_up(heap, dix, members)
-                heapq.heapify(heap)
-            else:
-                self._top_up(heap, dix, born[start:])
+        pending = self._pending[dix]
+        if self._rebuild[dix] or len(pending) > len(members):  # more news than states: from the live states
+            self._rebuild[dix] = False
+            self._listening |= 1 << dix
+            pending.clear()
+            heap.clear()
+            bit, fitmask = 1 << dix, self.fitmask
+            self._top_up(heap, dix, [sid for sid in members if fitmask[sid] & bit])
+            heapq.heapify(heap)
+        elif pending:
+            self._top_up(heap, dix, pending)
+            pending.clear()
         pop = heapq.heappop
         while heap and heap[0][1] not in members:
             pop(heap)
@@ -298,11 +376,11 @@ class ClusterState:
         return members[sid][0], self.memo[sid][dix]
 
     def _top_up(self, heap: list[tuple[float, int]], dix: int, sids: Iterable[int]) -> None:
-        """Push (-score, state id) for every live state of `sids` the demand fits, evaluating where needed."""
-        memo, views, desc_of = self.memo, self.state_views, self.desc
+        """Push (-score, state id) for every live state of `sids` the demand fits, evaluating where needed.
+        `sids` passed the demand's `FitIndex` test (the host test of `cannot_fit`): the policy decides."""
+        memo, views = self.memo, self.state_views
         demand = self.demands[dix]
         evaluate = self.evaluate
-        count, per, cpu, mem = demand.count, demand.per_gpu, demand.cpu, demand.memory
         push = heapq.heappush
         shared = self.inputs
         if shared is not None:
@@ -314,22 +392,13 @@ class ClusterState:
                 continue
             ev = row[dix]
             if ev is _MISSING:
-                # `cannot_fit`, inlined: this loop is the timeline's hottest.
-                view = views[sid]
-                desc = desc_of[sid]
-                if (
-                    (view[1] is not None and view[1] < cpu)
-                    or (view[2] is not None and view[2] < mem)
-                    or (count and (len(desc) < count or desc[count - 1] < per))
-                ):
-                    ev = row[dix] = None
-                elif shared is None:
-                    ev = row[dix] = evaluate(view, demand)
+                if shared is None:
+                    ev = row[dix] = evaluate(views[sid], demand)
                 else:
                     srow = srows[sid]
                     ev = srow[c]
                     if ev is _MISSING:
-                        ev = srow[c] = evaluate(view, rep)
+                        ev = srow[c] = evaluate(views[sid], rep)
                     row[dix] = ev
             if ev is not None:
                 push(heap, (-ev[0], sid))
@@ -383,6 +452,7 @@ class ClusterState:
             if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
                 del self.memo[old]
                 del self.desc[old]
+                del self.fitmask[old]
                 self._srow.pop(old, None)
                 del self.state_ids[self.state_views.pop(old)]
         new_members = self.members.setdefault(new, [])

@@ -10,6 +10,7 @@ from share_placement import Demand
 from share_placement.starvation import RoomForWaiting
 from share_scheduler.sim.cluster import SCORE_INPUTS
 from share_scheduler.sim.cluster import ClusterState
+from share_scheduler.sim.cluster import FitIndex
 from share_scheduler.sim.cluster import score_inputs
 from share_scheduler.sim.engine import build_policy
 from tests.unit.sim.test_timeline import churn
@@ -58,3 +59,52 @@ def test_only_the_listed_policies_share_and_frag_is_not_one_of_them():
     assert {cls.name for cls in SCORE_INPUTS} == {"binpack", "spread", "bestfit", "fgd"}
     shared = ClusterState(w, build_policy("binpack", 0, w))
     assert len(shared._reps) < len(shared.demands)  # demands that differ in CPU only share
+
+
+def _may_fit(view, d: Demand) -> bool:
+    """The host and GPU-count test, written out: CPU and memory reach the asks, and `count` GPUs have room."""
+    gpus, cpu, mem = view
+    if (cpu is not None and cpu < d.cpu) or (mem is not None and mem < d.memory):
+        return False
+    frees = sorted((f for _, f in gpus), reverse=True)
+    return d.count == 0 or (len(frees) >= d.count and frees[d.count - 1] >= d.per_gpu)
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_the_fit_index_names_exactly_the_demands_a_state_may_fit(seed):
+    _, views, demands = _views_and_demands(seed)
+    demands += [Demand(0, 0, (), 0, 0), Demand(500, 1, ("t4",), 0, 0), Demand(1000, 8, (), 96000, 10**6)]
+    index = FitIndex(demands)
+    views += [(((("t4", 1000),) * 2), None, None), ((), 4000, None)]  # no CPU/memory known; no GPU at all
+    fitted = 0
+    for view in views:
+        desc = tuple(sorted((f for _, f in view[0]), reverse=True))
+        mask = index.mask(view, desc)
+        want = [i for i, d in enumerate(demands) if _may_fit(view, d)]
+        assert [i for i in range(len(demands)) if mask >> i & 1] == want, view
+        fitted += len(want)
+    assert 0 < fitted < len(views) * len(demands)  # some fit, some do not
+
+
+def test_a_demand_that_stopped_asking_keeps_no_unbounded_backlog():
+    w = churn(2)
+    cluster = ClusterState(w, build_policy("bestfit", 0, w))
+    rng = random.Random(1)
+    asked = cluster.pod_demand[0]
+    for _ in range(9000):  # place and release at random: thousands of states born and gone
+        node = rng.randrange(len(cluster.node_state))
+        dix = rng.randrange(len(cluster.demands))
+        got = cluster.evaluation(cluster.node_state[node], dix)
+        if got is not None:
+            cluster.place(node, dix, got[1])
+            cluster.release(node, dix, got[1])
+        if rng.random() < 0.1:
+            assert cluster.best_indexed(asked) == cluster.best(asked)
+    assert cluster._births > 4096  # the backlog was trimmed on the way at least once
+    assert max(len(p) for p in cluster._pending) <= len(cluster.members) + 1024
+    cluster._trim_pending()
+    assert max(len(p) for p in cluster._pending) <= len(cluster.members)
+    assert cluster.best_indexed(asked) == cluster.best(asked)
+    for dix in range(len(cluster.demands)):  # a demand asking after a long silence rebuilds, exactly
+        assert cluster.best_indexed(dix) == cluster.best(dix)
+    assert set(cluster.fitmask) == set(cluster.members) == set(cluster.memo)
