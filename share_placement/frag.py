@@ -44,9 +44,10 @@ from share_placement.workload import ClassKey
 from share_placement.workload import ObservedClasses
 from share_placement.workload import WorkloadTable
 from share_placement.workload import fill_ratio
-from share_placement.workload import fragmentation_units
+from share_placement.workload import fragmentation_sums
 from share_placement.workload import group_aggregates
 from share_placement.workload import shift_aggregates
+from share_placement.workload import units_from_sums
 
 
 class FragPolicy(ViewPolicy):
@@ -210,12 +211,30 @@ class FragPolicy(ViewPolicy):
         key = (gpus_sorted, cpu_free)
         v = self._memo.get(key)
         if v is None:
-            total = sum(f for _, f in gpus)
-            v = fragmentation_units(total, self.aggregates(gpus_sorted), cpu_free, self.table, self._wa, self._wb)
+            _ = self.table  # refresh first: the pricer below belongs to the current table
+            pricer = self._pricer
+            v = self._units(sum(f for _, f in gpus), self.aggregates(gpus_sorted), cpu_free, pricer)
             if len(self._memo) >= self.MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = v
         return v
+
+    def _units(self, total: int, aggs: Aggregates, cpu_free: int | None, pricer: Pricer) -> int:
+        """`fragmentation_units` under `pricer`'s table, its pass over the groups kept per CPU class (in the
+        pricer, as `prefix_of`'s memo: read only with the table it was computed for): nodes whose free CPU
+        differs within a class share it, and the timeline prices many CPU states of one GPU state."""
+        table = pricer.table
+        if total == 0 or not table.groups:
+            return 0
+        key = (aggs, -1 if cpu_free is None else pricer.cpu_class(cpu_free))
+        memo = pricer.class_sums
+        sums = memo.get(key)
+        if sums is None:
+            sums = fragmentation_sums(aggs, cpu_free, table, self._wa, self._wb)
+            if len(memo) >= self.MEMO_LIMIT:
+                memo.clear()
+            memo[key] = sums
+        return units_from_sums(total, sums, cpu_free, table, self._wa, self._wb)
 
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
         """Expected fragmentation of a node under the current table (`fragmentation`, memoised)."""
@@ -630,14 +649,9 @@ class FragPolicy(ViewPolicy):
                         if len(shift_memo) >= self.MEMO_LIMIT:
                             shift_memo.clear()
                         shift_memo[key] = shifted
-                    after = fragmentation_units(
-                        node_free - per,
-                        shifted,
-                        cpu_after,
-                        table,
-                        self._wa,
-                        self._wb,
-                    ) + pricer.host_gap(gpus, chosen[0], per, host, host_after)
+                    after = self._units(node_free - per, shifted, cpu_after, pricer) + pricer.host_gap(
+                        gpus, chosen[0], per, host, host_after
+                    )
                 else:
                     after_gpus = list(gpus)
                     for i in chosen:

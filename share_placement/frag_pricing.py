@@ -182,6 +182,8 @@ class Pricer:
         self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
         self._gpu_terms: dict[int, _GpuTerms] = {}
         self._node_sums: dict[tuple[GpuView, int], tuple[int, int, int, int]] = {}
+        # (group aggregates, CPU class or -1) -> `fragmentation_sums` (FragPolicy._units).
+        self.class_sums: dict[tuple[tuple, int], tuple[int, int, int]] = {}
         self._host_values: dict[tuple[int, frozenset[int]], int] = {}
         self._share_moves: dict[tuple[int, int, frozenset[int] | None, frozenset[int] | None], dict] = {}
 

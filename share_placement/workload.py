@@ -204,6 +204,15 @@ def fragmentation_units(
     """
     if total == 0 or not table.groups:
         return 0
+    return units_from_sums(total, fragmentation_sums(aggs, cpu_free, table, wa, wb), cpu_free, table, wa, wb)
+
+
+def fragmentation_sums(
+    aggs: Aggregates, cpu_free: int | None, table: WorkloadTable, wa: int, wb: int
+) -> tuple[int, int, int]:
+    """`fragmentation_units`' pass over the groups: (kept, fill, need). With CPU known they depend on the
+    node's free CPU only through which classes' CPU fits it (a bisection per group), so a caller may keep
+    them per CPU class; `units_from_sums` finishes them with the exact free CPU."""
     kept = fill = need = 0
     keep_w = wb - wa
     for g, (room, usable, slots) in zip(table.groups, aggs, strict=True):
@@ -220,6 +229,14 @@ def fragmentation_units(
         kept += keep_w * ok * usable
         fill += ok * g.per_gpu * count * slots
         need += g.wcpu[j] * slots
+    return kept, fill, need
+
+
+def units_from_sums(
+    total: int, sums: tuple[int, int, int], cpu_free: int | None, table: WorkloadTable, wa: int, wb: int
+) -> int:
+    """`fragmentation_units` from `fragmentation_sums`: the fill shrunk where the node's CPU runs out first."""
+    kept, fill, need = sums
     if cpu_free is not None:
         if need > cpu_free * table.weight:  # the CPU runs out first: fill in proportion
             fill = fill * cpu_free * table.weight // need
