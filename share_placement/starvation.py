@@ -148,6 +148,13 @@ class ReservationLimits:
             )
 
 
+def renewal_horizon(period: float, limits: ReservationLimits) -> float:
+    """How soon before its expiry a reservation is planned again (`plan_reservations`' renew_within) by a
+    loop that runs every `period` seconds: two periods (a pass may start late), but never more than half
+    the hold's life, so a hold is not renewed on the pass that made it."""
+    return min(2.0 * period, limits.ttl_s / 2.0)
+
+
 def queue_order(waiters: Iterable[Waiter]) -> list[Waiter]:
     """Highest priority first, then the longest wait (then the UID, so the order is total)."""
     return sorted(waiters, key=lambda w: (-w.priority, w.since, w.uid))

@@ -52,6 +52,7 @@ from share_placement.starvation import Waiter
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
+from share_placement.starvation import renewal_horizon
 from share_placement.waiting_shapes import LINGER_S
 from share_placement.waiting_shapes import WaitingShapes
 from share_scheduler.sim.timeline import Arrival
@@ -219,10 +220,9 @@ class RemedyHooks(TimelineHooks):
     def _reserve(self, timeline: Timeline, now: float) -> None:
         limits = self.options.limits
         live = [h for h in self.holds if not h.expired(now)]
-        # A reservation that would expire before the next tick or the one after (ticks come with events,
-        # so a little late) is planned again now (plan_reservations' renew_within), so the room drained
-        # under it stays its pod's while that node is the soonest.
-        horizon = 2 * self.options.tick_s
+        # A reservation about to expire is planned again now (plan_reservations' renew_within), so the room
+        # drained under it stays its pod's while that node is the soonest.
+        horizon = renewal_horizon(self.options.tick_s, limits)
         due = {h.holder_uid for h in live if h.kind is HoldKind.RESERVATION and h.expires - now <= horizon}
         if len(live) >= limits.max_holds and not due:
             return
