@@ -3,8 +3,6 @@ consolidation moves, and how a policy leaves room for the shapes that wait."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from share_core.holds import HoldKind
@@ -118,55 +116,6 @@ def test_reservations_are_bounded_in_count_and_in_share_of_the_cluster():
     limits = ReservationLimits(after_s=0, max_holds=1, max_share=1.0)
     later = plan_reservations(ws[:1], nodes, existing, existing[0].expires, limits)
     assert [h.holder_uid for h in later] == ["w0"]
-
-
-def test_a_reservation_due_to_expire_is_renewed_on_its_drained_node_before_its_room_goes_back():
-    limits = ReservationLimits(after_s=600, max_holds=1, max_share=1.0, ttl_s=3600)
-    # n0 had 2 GPUs short when the pod got it; under the hold one drained (only the pod's own hold
-    # keeps small pods off it): n0 is 1 short now, n1 still 2.
-    nodes = [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0])]
-    old = plan_reservations([waiter("big", EIGHT)], [node("n0", [FULL] * 6 + [0, 0]), nodes[1]], [], 1000, limits)
-    assert [(h.node, h.expires) for h in old] == [("n0", 4600)]
-    # Not due yet (the next pass, 60 s on, comes before the expiry): nothing.
-    assert plan_reservations([waiter("big", EIGHT)], nodes, old, 4000, limits, renew_within=60) == []
-    # Due: planned again as if its own hold were free, at the full count bound (max_holds 1), for
-    # another ttl, on the node it drained.
-    renewed = plan_reservations([waiter("big", EIGHT)], nodes, old, 4560, limits, renew_within=60)
-    assert [(h.holder_uid, h.node, h.gpus, h.expires) for h in renewed] == [("big", "n0", tuple(range(8)), 8160)]
-    # Without renew_within the pod keeps its hold to the end and gets none meanwhile (as before).
-    assert plan_reservations([waiter("big", EIGHT)], nodes, old, 4560, limits) == []
-
-
-def test_a_due_reservation_moves_when_another_node_is_now_sooner_and_never_onto_anothers():
-    limits = ReservationLimits(after_s=0, max_holds=2, max_share=1.0, ttl_s=3600)
-    held = [node("n0", [FULL] * 5 + [0] * 3), node("n1", [FULL] * 8), node("n2", [FULL] * 7 + [0])]
-    holds = plan_reservations(
-        [waiter("big", EIGHT, since=0), waiter("next", EIGHT, since=1)],
-        [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0]), node("n2", [0] * 8)],
-        [],
-        10,
-        limits,
-    )
-    assert [(h.holder_uid, h.node) for h in holds] == [("big", "n0"), ("next", "n1")]
-    # At the renewal n0 went 3 short (a pod of higher priority took room there), n1 (next's) has drained
-    # and n2 is 1 short: big moves to n2, the soonest node no other reservation holds; next's hold is not
-    # due and keeps n1.
-    standing = [holds[0], dataclasses.replace(holds[1], expires=7200.0)]
-    moved = plan_reservations(
-        [waiter("big", EIGHT, since=0), waiter("next", EIGHT, since=1)], held, standing, 3590, limits, renew_within=60
-    )
-    assert [(h.holder_uid, h.node, h.expires) for h in moved] == [("big", "n2", 3590 + 3600)]
-
-
-def test_a_renewal_keeps_the_bounds_the_old_hold_took():
-    limits = ReservationLimits(after_s=0, max_holds=1, max_share=8 / 16, ttl_s=3600)
-    nodes = [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0])]  # 16 GPUs, 8 may be held
-    old = plan_reservations([waiter("big", EIGHT, since=0)], nodes, [], 0, limits)
-    # At the bounds: a newcomer gets nothing, the due holder gets its renewal (its own count and units).
-    got = plan_reservations(
-        [waiter("big", EIGHT, since=0), waiter("other", EIGHT, since=1)], nodes, old, 3590, limits, renew_within=60
-    )
-    assert [(h.holder_uid, h.node) for h in got] == [("big", "n0")]
 
 
 def test_a_reservation_keeps_same_or_lower_priority_pods_off_its_gpus_only():

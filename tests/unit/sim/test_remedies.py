@@ -78,33 +78,6 @@ def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_place
     assert tl.hooks.holds == []
 
 
-def test_a_reservation_due_to_expire_while_its_pod_waits_is_renewed_and_its_room_kept():
-    # A whole-GPU pod runs on the 2-GPU node until 150; the pair waits from 1; the loop runs at 20, 55, 80,
-    # 100 and 135 (CPU pods and the share); a share arrives at 80. Holds last 60 s: the pair's (made at 20)
-    # would end at 80 and the share take the free GPU then, keeping the pair off until 180. Renewed at the
-    # ticks within 30 s of its end (renewal_horizon: half its life here), the hold stands: the share
-    # waits, the pair runs at 150.
-    arrivals = [
-        Arrival(0, 4, 150),
-        Arrival(1, 1, 100),
-        Arrival(20, 2, 1),
-        Arrival(55, 2, 1),
-        Arrival(80, 0, 100),
-        Arrival(100, 2, 1),
-        Arrival(135, 2, 1),
-    ]
-    limits = ReservationLimits(after_s=10, max_holds=1, max_share=1.0, ttl_s=60)
-    options = RemedyOptions(reserve=True, limits=limits, tick_s=20)
-    tl = timeline(cluster(2), BinpackPolicy(), arrivals, options, end=400)
-    assert tl.started == [0.0, 150.0, 20.0, 55.0, 250.0, 100.0, 135.0]
-    assert tl.hooks.holds == []
-    # Seen at 100: one reservation, renewed there (it would have ended at 115) for another 60 s.
-    hooks = RemedyHooks(cluster(2), arrivals, options, seed=0)
-    tl = RemedyTimeline(cluster(2), BinpackPolicy(), arrivals, 0.0, 100.0, 0, hooks)
-    tl.run()
-    assert [(h.holder_uid, h.node, h.expires) for h in hooks.holds] == [("a1", "n0", 160.0)]
-
-
 def test_a_reservation_goes_only_to_a_node_whose_cpu_and_memory_could_ever_host_the_pod():
     # n0: 2 GPUs and 16 cores; n1: 2 GPUs and 64 cores. The pair asks 32 cores: it can never run on n0,
     # however much of it drains. Whole-GPU pods fill n0, then n1 (binpack); the pair arrives at 1 and
