@@ -231,7 +231,7 @@ class FragPolicy(ViewPolicy):
         sums = memo.get(key)
         if sums is None:
             sums = fragmentation_sums(aggs, cpu_free, table, self._wa, self._wb)
-            if len(memo) >= self.MEMO_LIMIT:
+            if len(memo) >= self.PREFIX_LIMIT:  # a key keeps its aggregates alive: the smaller bound
                 memo.clear()
             memo[key] = sums
         return units_from_sums(total, sums, cpu_free, table, self._wa, self._wb)
