@@ -276,6 +276,34 @@ def reference_evaluate(policy: FragPolicy, view, demand: Demand, observed: list[
     return policy._finish(best[0], best[1], best[2], gpus, demand.per_gpu, cpu_after)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_nodes_units_kept_per_cpu_class_are_the_recount_at_every_free_cpu(seed):
+    """FragPolicy keeps `fragmentation_sums` per (aggregates, CPU class): one GPU state priced at many free
+    CPUs, those of one class sharing the pass over the groups and those the fill runs out of CPU at
+    shrinking it by their own, must each equal `fragmentation_units` counted afresh."""
+    rng = random.Random(40 + seed)
+    shared = 0
+    for _ in range(30):
+        unit = rng.choice((80, 1000))
+        p = FragPolicy()
+        taught(p, random_table(rng, unit, cpu=True), rng, cpu=True)
+        t = p.table
+        wa, wb = fill_ratio(p.fill_weight)
+        breaks = sorted({c for g in t.groups for c in g.cpus})
+        for _ in range(10):
+            gpus = random_gpus(rng, unit)
+            total = sum(f for _, f in gpus)
+            cpus = {0, 1, 7, 999, 64000, *breaks, *(b - 1 for b in breaks), *(b + rng.randint(1, 500) for b in breaks)}
+            cpus = sorted(c for c in cpus if c >= 0)
+            kept = len(p._pricer.class_sums)
+            for cpu in cpus:
+                want = fragmentation_units(total, group_aggregates(tuple(sorted(gpus)), t), cpu, t, wa, wb)
+                assert p.node_units(gpus, cpu) == want, (gpus, cpu)
+            if total:  # a node with nothing free is 0 without a pass
+                shared += len(cpus) - (len(p._pricer.class_sums) - kept)
+    assert shared > 0  # some free CPUs were answered from a class's sums
+
+
 @pytest.mark.parametrize("cpu", [False, True])
 def test_fast_paths_decide_exactly_as_a_recount(cpu):
     rng = random.Random(3 + cpu)
