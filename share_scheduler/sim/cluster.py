@@ -78,9 +78,9 @@ class FitIndex:
             masks.append(masks[-1] | 1 << i)
         return [a for a, _ in asks], masks
 
-    def mask(self, view: NodeView, desc: tuple[int, ...]) -> int:
-        """The demands `view` (its GPUs' frees in descending order: `desc`) may fit."""
-        _, cpu_free, mem_free = view
+    def mask(self, view: NodeView) -> int:
+        """The demands `view` may fit."""
+        gpu_view, cpu_free, mem_free = view
         host = self.everyone
         if cpu_free is not None:
             asks, masks = self.cpu
@@ -89,6 +89,7 @@ class FitIndex:
             asks, masks = self.memory
             host &= masks[bisect_right(asks, mem_free)]
         gpus = self.gpu_free
+        desc = sorted((f for _, f in gpu_view), reverse=True)
         n = len(desc)
         for count, asks, masks in self.gpus:
             if count > n:
@@ -151,17 +152,15 @@ class ClusterState:
         self.memo: dict[int, list] = {}  # state id -> evaluation per demand id (_MISSING: not yet)
         self.node_state: list[int] = []
         self._next_id = 0
-        # Per live state its GPUs' free units in descending order and the demands it may fit (`FitIndex`;
-        # state ids are never reused). The indexed chooser keeps a heap per demand, and per demand the
-        # states born since it last asked that it may fit (`_pending`); a demand whose pending list
-        # outgrew the live states rebuilds its heap from them instead (`_rebuild`), and until then is
-        # handed nothing (`_listening`: the bits of the demands that are not to rebuild).
+        # Per live state the demands it may fit (`FitIndex`; state ids are never reused). The indexed
+        # chooser keeps a heap per demand, and per demand the states born since it last asked that it may
+        # fit (`_pending`), handed only to the demands whose heap is current (`_listening`, a bit each); a
+        # demand out of it (never asked yet, or its pending list outgrew the live states) rebuilds its heap
+        # from the live states when it asks.
         self.fit = FitIndex(self.demands)
-        self.desc: dict[int, tuple[int, ...]] = {}
         self.fitmask: dict[int, int] = {}
         self._heaps: list[list[tuple[float, int]]] = [[] for _ in self.demands]
         self._pending: list[list[int]] = [[] for _ in self.demands]
-        self._rebuild: list[bool] = [True] * len(self.demands)
         self._listening = 0
         self._births = 0
         for i, n in enumerate(workload.nodes):
@@ -176,8 +175,7 @@ class ClusterState:
             self._next_id += 1
             self.state_views[sid] = view
             self.memo[sid] = [_MISSING] * len(self.demands)
-            desc = self.desc[sid] = tuple(sorted((f for _, f in view[0]), reverse=True))
-            mask = self.fitmask[sid] = self.fit.mask(view, desc)
+            mask = self.fitmask[sid] = self.fit.mask(view)
             mask &= self._listening
             pending = self._pending
             while mask:  # hand the new state to every demand it may fit that keeps its heap up to date
@@ -198,7 +196,6 @@ class ClusterState:
         for dix, pending in enumerate(self._pending):
             if len(pending) > live:
                 pending.clear()
-                self._rebuild[dix] = True
                 self._listening &= ~(1 << dix)
 
     SHARED_LIMIT = 200_000  # node keys kept; past it the table starts afresh (live states keep their rows)
@@ -234,7 +231,6 @@ class ClusterState:
             heap.clear()
         for pending in self._pending:
             pending.clear()
-        self._rebuild = [True] * blank
         self._listening = 0
         if self.inputs is not None:
             self._shared = {}
@@ -340,12 +336,12 @@ class ClusterState:
         heap = self._heaps[dix]
         members = self.members
         pending = self._pending[dix]
-        if self._rebuild[dix] or len(pending) > len(members):  # more news than states: from the live states
-            self._rebuild[dix] = False
-            self._listening |= 1 << dix
+        bit = 1 << dix
+        if not self._listening & bit or len(pending) > len(members):  # more news than states: from the live states
+            self._listening |= bit
             pending.clear()
             heap.clear()
-            bit, fitmask = 1 << dix, self.fitmask
+            fitmask = self.fitmask
             self._top_up(heap, dix, [sid for sid in members if fitmask[sid] & bit])
             heapq.heapify(heap)
         elif pending:
@@ -451,7 +447,6 @@ class ClusterState:
             del self.members[old]
             if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
                 del self.memo[old]
-                del self.desc[old]
                 del self.fitmask[old]
                 self._srow.pop(old, None)
                 del self.state_ids[self.state_views.pop(old)]

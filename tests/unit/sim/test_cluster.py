@@ -78,8 +78,7 @@ def test_the_fit_index_names_exactly_the_demands_a_state_may_fit(seed):
     views += [(((("t4", 1000),) * 2), None, None), ((), 4000, None)]  # no CPU/memory known; no GPU at all
     fitted = 0
     for view in views:
-        desc = tuple(sorted((f for _, f in view[0]), reverse=True))
-        mask = index.mask(view, desc)
+        mask = index.mask(view)
         want = [i for i, d in enumerate(demands) if _may_fit(view, d)]
         assert [i for i in range(len(demands)) if mask >> i & 1] == want, view
         fitted += len(want)
