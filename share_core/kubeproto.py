@@ -230,7 +230,9 @@ WATCH_SCHEMA: dict[str, tuple[Field, ...]] = {
         map_field("allocatedResources", 19, "Quantity"),
         one("resources", 20, "Resources"),
     ),
-    "PodCondition": (scalar("type", 1), scalar("reason", 5)),
+    # status too: a pod kube-scheduler found no room for has PodScheduled False, reason Unschedulable
+    # (share_scheduler.waiting.found_unschedulable, which room for what waits follows)
+    "PodCondition": (scalar("type", 1), scalar("status", 2), scalar("reason", 5)),
     "ContainerStatus": (
         scalar("name", 1),
         map_field("allocatedResources", 10, "Quantity"),
@@ -372,7 +374,7 @@ def slim_pod(message: Any) -> dict[str, Any]:
     st = message.status
     status: dict[str, Any] = {"phase": st.phase} if st.phase else {}
     if st.conditions:
-        status["conditions"] = [{"type": c.type, "reason": c.reason} for c in st.conditions]
+        status["conditions"] = [{"type": c.type, "status": c.status, "reason": c.reason} for c in st.conditions]
     if st.HasField("startTime"):  # preemption's tie-break among equal victims
         status["startTime"] = _rfc3339(st.startTime.seconds)
     for field in ("containerStatuses", "initContainerStatuses"):

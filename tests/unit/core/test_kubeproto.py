@@ -29,6 +29,7 @@ from kubernetes import client
 from share_core import kubeproto
 from share_core.assignment import Assignment
 from share_core.assignment import pod_is_finished
+from share_core.contract import ANN_GPU_COUNT
 from share_core.contract import RESOURCE_MEM
 from share_core.kube import ApiServerClient
 from share_core.kube import Conflict
@@ -38,6 +39,8 @@ from share_core.podresources import pod_host_request
 from share_core.request import InvalidRequest
 from share_core.request import pod_request
 from share_scheduler.nodes import pod_record
+from share_scheduler.waiting import found_unschedulable
+from share_scheduler.waiting import waiting_pod
 from tests.unit.core.streamserver import StreamServer
 from tests.unit.core.streamserver import serving
 from tests.unit.core.streamserver import watcher
@@ -508,3 +511,22 @@ def test_slim_pod_keeps_its_scheduling_gates(messages):
     _kind, slim = kubeproto.decode_watch_event(frame(messages, "ADDED", msg.SerializeToString())[4:])
     assert slim["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
     assert slim["metadata"]["creationTimestamp"] == "2026-11-23T11:01:10Z"
+
+
+def test_slim_pod_says_what_kube_scheduler_found_for_a_waiting_pod(messages):
+    """A pod kube-scheduler found no room for (PodScheduled False, reason Unschedulable) waits in the sense
+    room for what waits follows (share_scheduler.leaveroom); the condition's status must survive the trimmed
+    schema, or no watched pod would ever count as unschedulable (the JSON list and the watch must agree)."""
+    pod = json_pod(1)  # 2 units: one on each of its 2 GPUs
+    pod["metadata"]["annotations"] = {ANN_GPU_COUNT: "2"}
+    msg = messages["Pod"].FromString(upstream_pod(messages, pod))
+    msg.metadata.annotations[ANN_GPU_COUNT] = "2"
+    pod["metadata"]["creationTimestamp"] = "2026-11-23T11:01:10Z"  # upstream_pod's
+    for status, reason in (("False", "Unschedulable"), ("False", "SchedulerError"), ("True", "")):
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": status, "reason": reason}]
+        del msg.status.conditions[:]
+        msg.status.conditions.add(type="PodScheduled", status=status, reason=reason)
+        _, slim = kubeproto.decode_watch_event(frame(messages, "MODIFIED", msg.SerializeToString())[4:])
+        assert found_unschedulable(slim) is found_unschedulable(pod) is (reason == "Unschedulable")
+        watched, listed = waiting_pod(slim), waiting_pod(pod)
+        assert watched is not None and watched == listed and watched.demand.count == 2
