@@ -15,6 +15,7 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from share_core.assignment import pod_is_finished
@@ -77,6 +78,11 @@ def parse_timestamp(text: Any) -> float:
     """An RFC 3339 time as the API writes it, in seconds since the epoch; 0 for anything else."""
     if not isinstance(text, str) or not text:
         return 0.0
+    return _parse_rfc3339(text)
+
+
+@lru_cache(maxsize=4096)  # every pending pod's creationTimestamp, and a burst's pods share a few seconds
+def _parse_rfc3339(text: str) -> float:
     try:
         stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
