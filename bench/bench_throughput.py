@@ -21,6 +21,7 @@ as runs before 2026-11-23 did); kube-scheduler with a client certificate, as kub
   python bench/bench_throughput.py --baseline-src /work/base   # also an older checkout's extender
   python bench/bench_throughput.py --pace 20 --pods 400   # paced: bind latency when nothing queues
   python bench/bench_throughput.py --cpu-share 0.1335     # mixed: openb's share of CPU-only pods
+  python bench/bench_throughput.py --watcher              # also alone with our extender watching beside it
   python bench/bench_throughput.py --webhook              # also each policy with share-webhook on
   python bench/bench_throughput.py --webhook --baseline-webhook /work/base   # and an older checkout's webhook
   python bench/bench_throughput.py --ready --nodes 5000 --running 40000   # extender time to ready
@@ -256,10 +257,13 @@ class Scenario:
     webhook: bool = False  # share-webhook gives the pods their scheduler at admission (they name none)
     webhook_src: Path = ROOT  # the checkout whose share-webhook runs
     webhook_mutation: str = "auto"  # the chart's webhook.mutation: policy (1.36+), webhook, auto
+    # The extender runs and watches but kube-scheduler schedules alone (--watcher): what our watches cost
+    # kube-apiserver (and the extender) with no verb called.
+    watch_only: bool = False
 
     @property
     def scheduler_name(self) -> str:
-        return ALONE if self.policy is None else "gpushare-scheduler"
+        return ALONE if self.policy is None or self.watch_only else "gpushare-scheduler"
 
     @property
     def resource(self) -> str:
@@ -304,7 +308,7 @@ def scheduler_config(sc: Scenario, extender_url: str) -> dict[str, Any]:
     if sc.policy == GO:  # our configuration as the Go original's chart would have it: same flags
         return go_extender_config(scheduler_config(Scenario(sc.label, sc.qps, "binpack"), extender_url))
     config = print_config(sc.src, extender_url, sc.filter_keeps)
-    if sc.policy is None:
+    if sc.policy is None or sc.watch_only:
         # The same configuration, without the extender: same profile shape, same percentage.
         del config["extenders"]
         config["profiles"][0]["schedulerName"] = ALONE
@@ -997,6 +1001,12 @@ def main() -> int:
     ap.add_argument("--cpu-share", type=float, default=0.0,
                     help=f"the mixed workload: this share of pods asks no GPU, every pod asks CPU and memory "
                     f"(openb's share: {OPENB_CPU_SHARE:.4f}; default 0, GPU pods only)")  # fmt: skip
+    ap.add_argument(
+        "--watcher",
+        action="store_true",
+        help="also kube-scheduler alone with our extender running "
+        "beside it, watching, never called: what its watches cost kube-apiserver",
+    )
     ap.add_argument("--pace", type=float, default=0, help="create pods at this rate (pods/s) instead of at once")
     ap.add_argument("--rounds", type=int, default=1, help="run every scenario this many times, alternating; "
                     "print the medians (a noisy machine moves single runs by +-20%%)")  # fmt: skip
@@ -1061,6 +1071,9 @@ def main() -> int:
             scenarios = []
             for qps in qps_values:
                 scenarios.append(Scenario("alone", qps))
+                if args.watcher:
+                    policy = args.policies.split(",")[0]
+                    scenarios.append(Scenario("alone +watching extender", qps, policy, watch_only=True))
                 for policy in args.policies.split(","):
                     for events in args.bind_events.split(","):
                         label = policy if events == "failures" else f"{policy} (events: {events})"

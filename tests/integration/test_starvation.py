@@ -11,7 +11,8 @@ so each scenario takes well under a minute on a quiet machine; timeouts are gene
   placed on the GPU held for it;
 - consolidations refused: a PodDisruptionBudget (the Eviction API's 429), a bare pod, a plan that would
   not place the moved pod again;
-- two replicas: only the one beside the leading kube-scheduler holds; the other sees the hold.
+- two replicas: only the one beside the leading kube-scheduler holds; the other sees the hold;
+- room left (--leave-room on) for a multi-GPU pod kube-scheduler found no node for, and not without it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from share_core.accounting import node_usage
 from share_core.assignment import parse_assignment
 from share_core.assignment import pod_annotations
 from share_core.assignment import pod_node
+from share_core.contract import ANN_GPU_COUNT
 from share_core.contract import ANN_HOLDS
 from share_core.contract import EVENT_CONSOLIDATING
 from share_core.contract import EVENT_CONSOLIDATION_EVICTED
@@ -542,3 +544,45 @@ def test_the_standby_pair_takes_over_and_keeps_the_reservation_until_the_big_pod
     never_overcommitted(admin, ns)
     big_holds = lambda: [h for h in second.inspect()["holds"] if h["holder"] == f"{ns}/big"]  # noqa: E731
     wait_for(lambda: not big_holds(), 30, "its hold released once it was bound")
+
+
+# -- room for what waits ----------------------------------------------------------------------------
+
+
+def unschedulable(pod: dict[str, Any] | None) -> bool:
+    """kube-scheduler's verdict on the pod: PodScheduled False, reason Unschedulable."""
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
+
+
+@pytest.mark.parametrize("leave_room", ["on", "off"])
+def test_room_is_left_for_a_multi_gpu_pod_kube_scheduler_found_no_node_for(
+    plane: ControlPlane,
+    chart: dict[str, Any],
+    admin: ApiServerClient,
+    ns: str,
+    stacks: list[Stack],
+    tmp_path: Path,
+    leave_room: str,
+) -> None:
+    """A pod of 2 whole GPUs waits (Unschedulable): node a is one GPU short of it, node s (one GPU) never
+    could take it. A pod of 12 GiB fits either; binpack alone takes a's last free GPU (4 GiB left there
+    against 12 on s), and with --leave-room on it goes to s: the extender learnt the waiting shape from
+    the pod watch (kube-scheduler's PodScheduled condition, in the protobuf watch too)."""
+    create_bare_nodes(admin, [f"{ns}-a"], 2, 16)
+    create_bare_nodes(admin, [f"{ns}-s"], 1, 24)
+    stack = Stack(plane, tmp_path, chart["kubeconfig"], ["--leave-room", leave_room])  # no reservation in 600 s
+    stacks.append(stack)
+    stack.start_scheduler()
+    create(admin, ns, "first", 12)
+    assert gpus_of(bound(admin, ns, "first")) == (f"{ns}-a", (0,))
+    create(admin, ns, "big", 32, annotations={ANN_GPU_COUNT: "2"})
+    wait_for(lambda: unschedulable(get(admin, ns, "big")), 60, "kube-scheduler to find no node for the big pod")
+    if leave_room == "on":
+        shape = 'gpushare_leave_room_shapes{gpus="2",models="",per_gpu="16"} 1.0'
+        wait_for(lambda: shape in stack.metrics(), 30, "the extender to leave room for the waiting 2 x 16 GiB shape")
+    create(admin, ns, "second", 12)
+    want = f"{ns}-s" if leave_room == "on" else f"{ns}-a"
+    assert gpus_of(bound(admin, ns, "second"))[0] == want
+    assert pod_node(get(admin, ns, "big")) == ""
+    never_overcommitted(admin, ns)
