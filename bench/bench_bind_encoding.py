@@ -10,6 +10,7 @@ Then the client's cost of building each body alone (no network).
 
   python bench/bench_bind_encoding.py                 # 2,000 pods, 8 blocks, 8 binding threads
   python bench/bench_bind_encoding.py --pods 4000 --blocks 16
+  python bench/bench_bind_encoding.py --bare          # our annotations against none (kube-scheduler's Binding)
   python bench/bench_bind_encoding.py --pprof /tmp/pp  # also a kube-apiserver CPU profile per encoding
                                                       # (another N pods each; `go tool pprof -top` reads them)
 """
@@ -77,10 +78,12 @@ def bench_cluster(name: str, profiling: bool) -> Iterator[tuple[ControlPlane, Ap
         yield cp, admin
 
 
-def bind_block(client: ApiServerClient, pods: list[tuple[str, str]], threads: int) -> None:
+def bind_block(client: ApiServerClient, pods: list[tuple[str, str]], threads: int, bare: bool = False) -> None:
+    """`bare`: no annotations on the Binding, as kube-scheduler's own binder sends it."""
+
     def bind(item: tuple[int, tuple[str, str]]) -> None:
         i, (name, uid) = item
-        client.bind_pod(NAMESPACE, name, uid, f"node-{i % 10:03d}", annotations(i))
+        client.bind_pod(NAMESPACE, name, uid, f"node-{i % 10:03d}", {} if bare else annotations(i))
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(bind, enumerate(pods)))
@@ -118,6 +121,12 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=8, help="alternating blocks, A B B A ... (even)")
     ap.add_argument("--threads", type=int, default=8, help="binds in flight at once")
     ap.add_argument("--pprof", type=Path, help="also profile kube-apiserver over N more binds per encoding, here")
+    ap.add_argument(
+        "--bare",
+        action="store_true",
+        help="compare protobuf Bindings with our annotations against "
+        "protobuf ones without (kube-scheduler's own Binding), instead of JSON against protobuf",
+    )
     args = ap.parse_args()
     blocks = max(2, args.blocks - args.blocks % 2)
     with bench_cluster(NAMESPACE, profiling=args.pprof is not None) as (cp, admin):
@@ -137,8 +146,9 @@ def main() -> int:
         time.sleep(2.0)  # let the API server settle after the creates
         apiserver, etcd = cp._apiserver, cp._etcd
         assert apiserver is not None and etcd is not None
+        first = "bare" if args.bare else "json"  # A: bare (no annotations) or json; B: protobuf, as the extender binds
         clients = {
-            "json": ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), protobuf_binding=False),
+            first: ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), protobuf_binding=args.bare),
             "protobuf": ApiServerClient.from_kubeconfig(str(cp.admin_kubeconfig), protobuf_binding=True),
         }
         for c in clients.values():  # open the connections (TLS) outside the measure
@@ -146,10 +156,10 @@ def main() -> int:
         totals = {k: {"apiserver": 0.0, "etcd": 0.0, "client": 0.0, "wall": 0.0, "binds": 0} for k in clients}
         size = len(pods) // blocks
         for b in range(blocks):
-            kind = "json" if b % 4 in (0, 3) else "protobuf"  # A B B A A B B A ...
+            kind = first if b % 4 in (0, 3) else "protobuf"  # A B B A A B B A ...
             block = pods[b * size : (b + 1) * size]
             a0, e0, c0, w0 = cpu_s(apiserver.pid), cpu_s(etcd.pid), self_cpu_s(), time.monotonic()
-            bind_block(clients[kind], block, args.threads)
+            bind_block(clients[kind], block, args.threads, bare=kind == "bare")
             tot = totals[kind]
             tot["apiserver"] += cpu_s(apiserver.pid) - a0
             tot["etcd"] += cpu_s(etcd.pid) - e0
@@ -163,12 +173,16 @@ def main() -> int:
         if args.pprof:
             args.pprof.mkdir(parents=True, exist_ok=True)
             half = len(extra) // 2
-            for kind, part in (("json", extra[:half]), ("protobuf", extra[half:])):
+            for kind, part in ((first, extra[:half]), ("protobuf", extra[half:])):
                 profile_binds(cp, clients[kind], part, args.threads, args.pprof / f"apiserver-{kind}.pb.gz")
         assert clients["protobuf"].protobuf_binding, "the API server refused protobuf: nothing was compared"
         listed = admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
         bound = sum(1 for p in listed if p["spec"].get("nodeName") and (p["metadata"].get("annotations") or {}))
-    print(f"pods {args.pods}, blocks {blocks} (A B B A), threads {args.threads}, bound with annotations: {bound}")
+        plain = sum(1 for p in listed if p["spec"].get("nodeName") and not (p["metadata"].get("annotations") or {}))
+    print(
+        f"pods {args.pods}, blocks {blocks} (A B B A), threads {args.threads}, bound with annotations: {bound}, "
+        f"without: {plain}"
+    )
     print(f"{'encoding':10s} {'binds':>6s} {'apiserver ms':>13s} {'etcd ms':>8s} {'client ms':>10s} {'binds/s':>8s}")
     per = {}
     for kind, tot in totals.items():
@@ -180,10 +194,11 @@ def main() -> int:
         )
     sums = {k: sum(v.values()) for k, v in per.items()}
     print(
-        "protobuf/json: apiserver {:.3f}, etcd {:.3f}, client {:.3f}, all three {:.3f} ({:+.3f} ms per bind)".format(
-            *(per["protobuf"][k] / per["json"][k] for k in ("apiserver", "etcd", "client")),
-            sums["protobuf"] / sums["json"],
-            sums["protobuf"] - sums["json"],
+        "protobuf/{}: apiserver {:.3f}, etcd {:.3f}, client {:.3f}, all three {:.3f} ({:+.3f} ms per bind)".format(
+            first,
+            *(per["protobuf"][k] / per[first][k] for k in ("apiserver", "etcd", "client")),
+            sums["protobuf"] / sums[first],
+            sums["protobuf"] - sums[first],
         )
     )
     enc = encode_cost_us()
