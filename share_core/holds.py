@@ -68,6 +68,10 @@ class Hold:
     holder_uid: str
     holder: str = ""  # namespace/name, for people (events, inspect, logs)
     owner_uid: str = ""  # a controller whose (re)created pods may use it too (consolidation)
+    # A reservation's node when it was (re)made: its GPUs short of the pod's demand and the units still to
+    # drain on them (share_placement.starvation.shortfall). It is renewed only while the node drains below
+    # that; None (an older extender's hold) is never renewed.
+    shortfall: tuple[int, int] | None = None
 
     def applies_to(self, priority: int, uid: str, owner_uid: str = "") -> bool:
         """Whether a pod of `priority` (its `uid`, its controller's `owner_uid`) must see this as taken."""
@@ -152,6 +156,8 @@ def encode_holds(holds: Iterable[Hold]) -> str:
             entry["holder"] = h.holder
         if h.owner_uid:
             entry["ownerUID"] = h.owner_uid
+        if h.shortfall is not None:
+            entry["shortfall"] = list(h.shortfall)
         out.append(entry)
     return json.dumps(out, separators=(",", ":"))
 
@@ -209,9 +215,20 @@ def parse_holds(text: str, where: str = ANN_HOLDS) -> list[Hold]:
                 holder_uid=holder_uid,
                 holder=str(entry.get("holder") or ""),
                 owner_uid=str(entry.get("ownerUID") or ""),
+                shortfall=_shortfall(entry.get("shortfall"), at),
             )
         )
     return holds
+
+
+def _shortfall(value: Any, where: str) -> tuple[int, int] | None:
+    """`[GPUs short, units to drain]` or absent."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise InvalidHolds(f"{where}: 'shortfall' must be [GPUs short, units to drain], got {value!r}")
+    short, drain = (_whole({"shortfall": v}, "shortfall", where) for v in value)
+    return short, drain
 
 
 def pod_holds(pod: Pod) -> list[Hold]:

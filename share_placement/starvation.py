@@ -148,6 +148,24 @@ class ReservationLimits:
             )
 
 
+def renewal_horizon(period: float, limits: ReservationLimits) -> float:
+    """How soon before its expiry a reservation is planned again (`plan_reservations`' renew_within) by a
+    loop that runs every `period` seconds: two periods (a pass may start late), but never more than half
+    the hold's life, so a hold is not renewed on the pass that made it."""
+    return min(2.0 * period, limits.ttl_s / 2.0)
+
+
+def keeps_draining(hold: Hold, node: NodeState | None, demand: Demand) -> bool:
+    """Whether a reservation's node has drained since the hold was (re)made: fewer GPUs short of the
+    demand, or as many and fewer units still to drain on them (holds not counted, then or now). A hold
+    that recorded nothing (an older extender's) does not; nor does a node gone or no longer able to host
+    the demand."""
+    if hold.shortfall is None or node is None:
+        return False
+    now = shortfall(node, demand)
+    return now is not None and (now.short, now.drain) < hold.shortfall
+
+
 def queue_order(waiters: Iterable[Waiter]) -> list[Waiter]:
     """Highest priority first, then the longest wait (then the UID, so the order is total)."""
     return sorted(waiters, key=lambda w: (-w.priority, w.since, w.uid))
@@ -165,41 +183,59 @@ def plan_reservations(
     now: float,
     limits: ReservationLimits,
     capacity: int | None = None,
+    renew_within: float = 0.0,
 ) -> list[Hold]:
-    """The new RESERVATION holds to make now (the caller adds them to `holds`).
+    """The new RESERVATION holds to make now.
 
     Waiting GPU pods past `limits.after_s`, in `queue_order`, each without a live reservation, get one on
-    their `reservation_node` among the nodes no live reservation holds, as long as the count and share
-    bounds allow (a pod that does not fit in the share left is passed over, the next may). `capacity`:
-    the cluster's GPU units (default: summed over `nodes`)."""
+    their `reservation_node` among the nodes no other live reservation holds, as long as the count and
+    share bounds allow (a pod that does not fit in the share left is passed over, the next may).
+    `capacity`: the cluster's GPU units (default: summed over `nodes`).
+
+    A reservation that expires within `renew_within` seconds (the caller's next pass would come after
+    it) while its pod still waits is planned again now, the pod's own hold counted as free for it: the
+    room drained under it stays its pod's when that node is still the soonest, instead of going back to
+    the queue at the expiry and being drained again elsewhere. The hold returned for such a pod replaces
+    its old one (the caller swaps them); its bounds are the old one's, so a renewal is never refused for
+    the count or the share the old hold already took. Only a node that keeps draining is renewed
+    (`keeps_draining`): one whose last pods run on for hours would hold its pod there, its other GPUs idle,
+    where the expiry lets the pod try elsewhere. Each hold records its node's shortfall when made."""
+    by_name = {n.name: n for n in nodes}
     live = [h for h in holds if not h.expired(now)]
     reservations = [h for h in live if h.kind is HoldKind.RESERVATION]
-    holders = {h.holder_uid for h in reservations}
-    taken = {h.node for h in reservations}
+    by_holder = {h.holder_uid: h for h in reservations}
+    due = {uid: h for uid, h in by_holder.items() if h.expires - now <= renew_within} if renew_within > 0 else {}
+    taken = {h.node: h.holder_uid for h in reservations}  # one reservation a node
     if capacity is None:
         capacity = sum(g.total for n in nodes for g in n.gpus)
     budget = limits.max_share * capacity - held_total(reservations)
     room = limits.max_holds - len(reservations)
     out: list[Hold] = []
+    replaced: list[Hold] = []
     for w in queue_order(waiters):
-        if room <= 0:
-            break
         d = w.demand
-        if d.count < 1 or w.uid in holders or now - w.since < limits.after_s:
+        own = due.get(w.uid)
+        if own is not None and not keeps_draining(own, by_name.get(own.node), d):
+            own = None  # kept until it expires
+        if d.count < 1 or (own is None and (w.uid in by_holder or now - w.since < limits.after_s)):
             continue
+        own_units = held_total([own]) if own is not None else 0
         units = d.per_gpu * d.count
-        if units > budget:
+        if room + (own is not None) <= 0 or units > budget + own_units:
             continue
-        # Holds made for others that this pod must respect (a higher-priority pod's reservation).
+        # Holds made for others that this pod must respect (a higher-priority pod's reservation); its
+        # own hold does not apply to it.
         others: dict[str, dict[int, int]] = {}
-        for h in live:
-            if h.applies_to(w.priority, w.uid):
+        for h in live + out:
+            if h.applies_to(w.priority, w.uid) and not any(h is r for r in replaced):
                 per = others.setdefault(h.node, {})
                 for g in h.gpus:
                     per[g] = per.get(g, 0) + h.per_gpu
-        sf = reservation_node(nodes, d, taken, others)
+        skip = {n for n, uid in taken.items() if uid != w.uid}
+        sf = reservation_node(nodes, d, skip, others)
         if sf is None:
             continue
+        made = shortfall(by_name[sf.node], d)
         hold = Hold(
             kind=HoldKind.RESERVATION,
             node=sf.node,
@@ -209,10 +245,15 @@ def plan_reservations(
             expires=now + limits.ttl_s,
             holder_uid=w.uid,
             holder=w.name,
+            shortfall=None if made is None else (made.short, made.drain),
         )
         out.append(hold)
-        taken.add(sf.node)
-        holders.add(w.uid)
+        if own is not None:  # the old hold's node, count and units go to the new one
+            replaced.append(own)
+            del taken[own.node]
+            budget += own_units
+            room += 1
+        taken[sf.node] = w.uid
         budget -= units
         room -= 1
     return out

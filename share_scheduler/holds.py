@@ -93,12 +93,15 @@ class HoldBook:
 
     # -- writers: the leader's decisions and the pod watch ------------------------------------------
 
-    def add(self, anchor_key: str, anchor_uid: str, holds: Iterable[Hold]) -> None:
-        """The leader made these holds for `anchor_key` (it writes the annotation next): count them now."""
+    def add(self, anchor_key: str, anchor_uid: str, holds: Iterable[Hold], replacing: Iterable[Hold] = ()) -> None:
+        """The leader made these holds for `anchor_key` (it writes the annotation next), in place of
+        `replacing` (a renewed reservation): count them now."""
         new = tuple(holds)
+        gone = tuple(replacing)
         with self._lock:
             old = self._anchors.get(anchor_key)
             kept = old.holds if old is not None and old.uid == anchor_uid else ()
+            kept = tuple(h for h in kept if h not in gone)
             self._anchors[anchor_key] = Anchor(anchor_uid, kept + new, self._clock())
             self._recount()
 

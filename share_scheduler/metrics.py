@@ -194,8 +194,8 @@ class Metrics:
     def _add_starvation(self, cache: ClusterCache) -> None:
         self.reservations = Counter(
             "gpushare_reservations",
-            "room the leader tried to hold for a pod that waited too long, by outcome (made, at_limit, over_budget, "
-            "no_node)",
+            "room the leader tried to hold for a pod that waited too long, by outcome (made, renewed, at_limit, "
+            "over_budget, no_node)",
             ["outcome"],
             registry=self.registry,
         )

@@ -15,7 +15,12 @@ highest priority then longest wait first:
   most `evictions_per_minute`.
 - **Reservations** otherwise: the GPUs where the pod will fit soonest (fewest GPUs short, then the least
   memory to drain, one reservation per node, on a node whose static filters admit it), held against pods
-  of the same or lower priority (HoldKind.RESERVATION) for `hold_seconds`.
+  of the same or lower priority (HoldKind.RESERVATION) for `hold_seconds`. One due to expire before the
+  pass after next while its pod still waits, on a node that kept draining since the hold was made (the
+  hold records the node's shortfall then: share_placement.starvation.keeps_draining), is planned again
+  first: renewed on that node while it is still the soonest (else moved), so the room drained under it is
+  not handed back to the stream of small pods at the expiry only to be drained again elsewhere. A node
+  that did not drain (its last pods run on) is let go at the expiry: the pod may then be held elsewhere.
 
 A hold goes into the HoldBook first, then into the pod's `gpushare.io/holds` annotation, so a restarted
 extender or the other replica rebuilds it; it goes when the pod is bound or deleted (the book sees that
@@ -65,9 +70,11 @@ from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
 from share_placement.starvation import Waiter
 from share_placement.starvation import held_total
+from share_placement.starvation import keeps_draining
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
+from share_placement.starvation import renewal_horizon
 from share_placement.starvation import shortfall
 from share_placement.waiting_shapes import LINGER_S
 from share_scheduler.cache import ClusterCache
@@ -288,15 +295,27 @@ class Starvation:
         waiting = self._waiters(now)
         report.starving = len(waiting)
         self._forget(waiting, now)
-        holding = {h.holder_uid for _, h in self.cache.holds.holds() if h.kind in MY_KINDS}
+        mine = [h for _, h in self.cache.holds.holds() if h.kind in MY_KINDS]
+        holding = {h.holder_uid for h in mine}
+        due = {
+            h.holder_uid: h
+            for h in mine
+            if h.kind is HoldKind.RESERVATION and h.expires - now <= self.renew_within and self.config.reserve
+        }
         for waiter in queue_order(w for w, _ in waiting.values()):
-            if waiter.uid in holding:
+            if waiter.uid in holding and waiter.uid not in due:
                 continue
             if not self.is_leader():
                 report.skipped = "lost the lead mid-pass"
                 break
-            self._serve(waiting[waiter.uid][1], waiter, now, report)
+            self._serve(waiting[waiter.uid][1], waiter, now, report, renewing=due.get(waiter.uid))
         return report
+
+    @property
+    def renew_within(self) -> float:
+        """A reservation expiring sooner than this is renewed now (`renewal_horizon`: the next pass comes
+        `period` after this one ends)."""
+        return renewal_horizon(self.config.period, self.limits)
 
     def _forget(self, waiting: Mapping[str, tuple[Waiter, WaitingPod]], now: float) -> None:
         """Keep the bookkeeping to the pods that still wait (and refusals still in force)."""
@@ -312,9 +331,11 @@ class Starvation:
         """Every node as the cache has it (holds apart: the rules weigh them themselves)."""
         return {name: snap.state for name, snap in self.cache.entries(self.cache.node_names()) if snap is not None}
 
-    def _serve(self, pod: WaitingPod, waiter: Waiter, now: float, report: PassReport) -> bool:
-        """Give `pod` room: a consolidation where one is allowed and needed, else a reservation. True if
-        something is now held for it."""
+    def _serve(
+        self, pod: WaitingPod, waiter: Waiter, now: float, report: PassReport, renewing: Hold | None = None
+    ) -> bool:
+        """Give `pod` room: a consolidation where one is allowed and needed, else a reservation (`renewing`:
+        its reservation due to expire, planned again). True if something is now held for it."""
         try:
             full = self.kube.get_pod(pod.namespace, pod.name)
         except NotFound:
@@ -326,10 +347,10 @@ class Starvation:
         if meta.get("uid") != pod.uid or (full.get("spec") or {}).get("nodeName") or pod_is_terminating(full):
             return False  # bound, deleted or replaced since the watch told us
         states = {n: s for n, s in self._states().items() if self._host_could_fit(n, pod.demand)}
-        if self.config.consolidate and self._consolidate(pod, waiter, full, states, now, report):
+        if renewing is None and self.config.consolidate and self._consolidate(pod, waiter, full, states, now, report):
             return True
         if self.config.reserve:
-            return self._reserve(pod, waiter, full, states, now, report)
+            return self._reserve(pod, waiter, full, states, now, report, renewing)
         return False
 
     # -- reservations -------------------------------------------------------------------------------
@@ -342,13 +363,24 @@ class Starvation:
         states: Mapping[str, NodeState],
         now: float,
         report: PassReport,
+        renewing: Hold | None = None,
     ) -> bool:
         """share_placement.starvation.plan_reservations for this one pod, over the nodes its static filters
         admit (the soonest node is read from the API and, when it refuses the pod, left out and the rules
-        asked again, at most NODES_WEIGHED times)."""
+        asked again, at most NODES_WEIGHED times). `renewing`: the pod's own reservation, due to expire;
+        its count and units are the new one's to take."""
+        if renewing is not None and not keeps_draining(renewing, states.get(renewing.node), pod.demand):
+            log.info(
+                "pod %s: its reservation on node %s is not renewed: the node has not drained since it was made "
+                "(GPUs short, units to drain then: %s); it ends at its expiry and the pod may be held elsewhere",
+                pod.key,
+                renewing.node,
+                renewing.shortfall,
+            )
+            return False
         live = [h for _, h in self.cache.holds.holds()]
         capacity = self._cluster_units(self._states())
-        reservations = [h for h in live if h.kind is HoldKind.RESERVATION]
+        reservations = [h for h in live if h.kind is HoldKind.RESERVATION and h != renewing]
         if len(reservations) >= self.limits.max_holds:
             self.metrics.reservation("at_limit")
             return False
@@ -364,7 +396,9 @@ class Starvation:
             return False
         left = dict(states)
         for _ in range(NODES_WEIGHED):
-            planned = plan_reservations([waiter], list(left.values()), live, now, self.limits, capacity)
+            planned = plan_reservations(
+                [waiter], list(left.values()), live, now, self.limits, capacity, renew_within=self.renew_within
+            )
             if not planned:
                 break
             hold = planned[0]
@@ -373,7 +407,7 @@ class Starvation:
                 log.debug("pod %s: node %s left out of its reservation: %s", pod.key, hold.node, why)
                 del left[hold.node]
                 continue
-            return self._made(pod, hold, states[hold.node], now, report)
+            return self._made(pod, hold, states[hold.node], now, report, renewing)
         self.metrics.reservation("no_node")
         log.info("pod %s waited %.0fs but no node without a reservation could ever take it", pod.key, pod.waited(now))
         return False
@@ -384,16 +418,19 @@ class Starvation:
         except KubeError as exc:
             return f"cannot read the node: {exc}"
 
-    def _made(self, pod: WaitingPod, hold: Hold, state: NodeState, now: float, report: PassReport) -> bool:
-        if not self._write_holds(pod, [hold]):
+    def _made(
+        self, pod: WaitingPod, hold: Hold, state: NodeState, now: float, report: PassReport, renewing: Hold | None
+    ) -> bool:
+        if not self._write_holds(pod, [hold], replacing=() if renewing is None else (renewing,)):
             return False
-        self.metrics.reservation("made")
+        self.metrics.reservation("made" if renewing is None else "renewed")
         report.reserved.append(pod.key)
         unit = self.cache.unit.value
         free = {g.index: g.free for g in state.gpus}
         drain = sum(max(hold.per_gpu - free.get(g, 0), 0) for g in hold.gpus)
         gpus = ",".join(map(str, hold.gpus))
-        message = (
+        again = "" if renewing is None else f"renewed ({'the same node' if renewing.node == hold.node else 'moved'}): "
+        message = again + (
             f"waited {pod.waited(now):.0f}s: {hold.per_gpu} {unit} held on GPU {gpus} of node {hold.node} against "
             f"pods of priority {pod.priority} or lower for {self.limits.ttl_s:.0f}s "
             f"({f'{drain} {unit} still to drain there' if drain else 'it fits there now'})"
@@ -410,11 +447,11 @@ class Starvation:
         a = snap.allocatable
         return a.cpu >= demand.cpu and a.memory >= demand.memory and a.pods >= 1
 
-    def _write_holds(self, pod: WaitingPod, holds: list[Hold]) -> bool:
+    def _write_holds(self, pod: WaitingPod, holds: list[Hold], replacing: tuple[Hold, ...] = ()) -> bool:
         """Into the book first (filter respects them at once), then onto the pod (restarts, the other
-        replica). A pod gone meanwhile takes its holds with it."""
+        replica), in place of `replacing`. A pod gone meanwhile takes its holds with it."""
         book = self.cache.holds
-        book.add(pod.key, pod.uid, holds)
+        book.add(pod.key, pod.uid, holds, replacing)
         try:
             self._patch(pod.namespace, pod.name, book.of(pod.key))
         except (NotFound, Conflict):

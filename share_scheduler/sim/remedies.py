@@ -9,7 +9,9 @@ timeline (timeline.py):
   room is likely to wait again); the memoised evaluations are forgotten whenever that set changes.
 - **Reservations** (`reserve`): every `tick_s` (the extender's loop), `plan_reservations` over the
   waiting pods; holds are dropped when their pod is placed (anywhere) or they expire, and the held node
-  is retried then, as its room reappears for the others.
+  is retried then, as its room reappears for the others. A reservation due to expire before the next
+  tick while its pod waits, on a node that drained since it was made (`keeps_draining`), is planned
+  again (renewed on its node while that is the soonest, else moved); one on a node that did not ends.
 - **Consolidation** (`consolidate`): every tick, the first waiting pod in queue order past the threshold
   whose last try is `retry_s` old gets `plan_consolidation` (at most `max_moves` pods moved), within an
   eviction rate (`evictions_per_minute`, a token bucket). In the sim the plan happens at once (the
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from share_core.holds import Hold
+from share_core.holds import HoldKind
 from share_core.holds import held_units
 from share_placement import Demand
 from share_placement import GpuSlot
@@ -50,6 +53,7 @@ from share_placement.starvation import Waiter
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
+from share_placement.starvation import renewal_horizon
 from share_placement.waiting_shapes import LINGER_S
 from share_placement.waiting_shapes import WaitingShapes
 from share_scheduler.sim.timeline import Arrival
@@ -217,10 +221,14 @@ class RemedyHooks(TimelineHooks):
     def _reserve(self, timeline: Timeline, now: float) -> None:
         limits = self.options.limits
         live = [h for h in self.holds if not h.expired(now)]
-        if len(live) >= limits.max_holds:
+        # A reservation about to expire is planned again now (plan_reservations' renew_within: only where its
+        # node kept draining), so the room drained under it stays its pod's while that node is the soonest.
+        horizon = renewal_horizon(self.options.tick_s, limits)
+        due = {h.holder_uid for h in live if h.kind is HoldKind.RESERVATION and h.expires - now <= horizon}
+        if len(live) >= limits.max_holds and not due:
             return
         holders = {h.holder_uid for h in live}
-        waiters = [w for w in self.waiters(timeline, now, limits.after_s) if w.uid not in holders]
+        waiters = [w for w in self.waiters(timeline, now, limits.after_s) if w.uid not in holders or w.uid in due]
         if not waiters:
             return
         # As the extender does (`_node_refuses`): each pod over the nodes that could ever host it, the
@@ -228,7 +236,8 @@ class RemedyHooks(TimelineHooks):
         # node, however much of it drains); one pod at a time, in queue order, each seeing the holds made.
         nodes = self.node_states(timeline)
         hosts = [(n.cpu, n.memory) for n in timeline.workload.nodes]
-        new: list[Hold] = []
+        current = live
+        left: set[int] = set()  # nodes a renewal moved away from: their room is for the queue again
         for w in queue_order(waiters):
             d = w.demand
             fit = [
@@ -236,8 +245,13 @@ class RemedyHooks(TimelineHooks):
                 for node, (cpu, mem) in zip(nodes, hosts, strict=True)
                 if (cpu is None or cpu >= d.cpu) and (mem is None or mem >= d.memory)
             ]
-            new.extend(plan_reservations([w], fit, live + new, now, limits, timeline.capacity))
-        self.holds.extend(new)
+            for hold in plan_reservations([w], fit, current, now, limits, timeline.capacity, renew_within=horizon):
+                old = [h for h in current if h.kind is HoldKind.RESERVATION and h.holder_uid == hold.holder_uid]
+                left.update(self.index[h.node] for h in old if h.node != hold.node)
+                current = [h for h in current if not any(h is o for o in old)] + [hold]
+        self.holds = [h for h in self.holds if h.expired(now)] + current
+        for node in sorted(left):
+            timeline.retry_on(node)
 
     # --- consolidation ---
     def _take_tokens(self, now: float) -> float:

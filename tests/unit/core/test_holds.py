@@ -64,14 +64,15 @@ def test_held_units_sums_per_gpu_and_skips_expired_and_own():
 
 def test_annotation_round_trip():
     holds = [
-        hold(kind=HoldKind.RESERVATION, gpus=(3, 1), per_gpu=80, priority=-5, holder="ml/train"),
+        hold(kind=HoldKind.RESERVATION, gpus=(3, 1), per_gpu=80, priority=-5, holder="ml/train", shortfall=(1, 24)),
         hold(kind=HoldKind.CONSOLIDATION, owner_uid="rs-9", holder_uid="uid-moved"),
     ]
     back = parse_holds(encode_holds(holds))
-    assert [(h.kind, h.gpus, h.per_gpu, h.priority, h.holder, h.owner_uid) for h in back] == [
-        (HoldKind.RESERVATION, (3, 1), 80, -5, "ml/train", ""),
-        (HoldKind.CONSOLIDATION, (0,), 5, 100, "", "rs-9"),
+    assert [(h.kind, h.gpus, h.per_gpu, h.priority, h.holder, h.owner_uid, h.shortfall) for h in back] == [
+        (HoldKind.RESERVATION, (3, 1), 80, -5, "ml/train", "", (1, 24)),
+        (HoldKind.CONSOLIDATION, (0,), 5, 100, "", "rs-9", None),  # absent: an older extender's hold
     ]
+    assert "shortfall" not in json.loads(encode_holds(holds[1:]))[0]
     assert all(b.expires >= h.expires for b, h in zip(back, holds, strict=True))
 
 
@@ -100,6 +101,16 @@ def test_annotation_round_trip():
             '[{"kind":"preemption","node":"n","gpus":[0],"holderUID":"u","perGpu":1,"priority":1,'
             '"expires":"2027-01-01T00:00:00"}]',
             "needs a time zone",
+        ),
+        (
+            '[{"kind":"reservation","node":"n","gpus":[0],"holderUID":"u","perGpu":1,"priority":1,'
+            '"expires":"2027-01-01T00:00:00Z","shortfall":[1]}]',
+            "'shortfall' must be \\[GPUs short, units to drain\\]",
+        ),
+        (
+            '[{"kind":"reservation","node":"n","gpus":[0],"holderUID":"u","perGpu":1,"priority":1,'
+            '"expires":"2027-01-01T00:00:00Z","shortfall":[1, -2]}]',
+            "'shortfall' must be at least 0",
         ),
     ],
 )

@@ -3,6 +3,8 @@ consolidation moves, and how a policy leaves room for the shapes that wait."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from share_core.holds import HoldKind
@@ -17,6 +19,7 @@ from share_placement.starvation import Resident
 from share_placement.starvation import RoomForWaiting
 from share_placement.starvation import Waiter
 from share_placement.starvation import closeness
+from share_placement.starvation import keeps_draining
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import reservation_node
@@ -116,6 +119,82 @@ def test_reservations_are_bounded_in_count_and_in_share_of_the_cluster():
     limits = ReservationLimits(after_s=0, max_holds=1, max_share=1.0)
     later = plan_reservations(ws[:1], nodes, existing, existing[0].expires, limits)
     assert [h.holder_uid for h in later] == ["w0"]
+
+
+def test_a_reservation_due_to_expire_is_renewed_on_its_drained_node_before_its_room_goes_back():
+    limits = ReservationLimits(after_s=600, max_holds=1, max_share=1.0, ttl_s=3600)
+    # n0 had 2 GPUs short when the pod got it; under the hold one drained (only the pod's own hold
+    # keeps small pods off it): n0 is 1 short now, n1 still 2.
+    nodes = [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0])]
+    old = plan_reservations([waiter("big", EIGHT)], [node("n0", [FULL] * 6 + [0, 0]), nodes[1]], [], 1000, limits)
+    assert [(h.node, h.expires) for h in old] == [("n0", 4600)]
+    # Not due yet (the next pass, 60 s on, comes before the expiry): nothing.
+    assert plan_reservations([waiter("big", EIGHT)], nodes, old, 4000, limits, renew_within=60) == []
+    # Due: planned again as if its own hold were free, at the full count bound (max_holds 1), for
+    # another ttl, on the node it drained.
+    renewed = plan_reservations([waiter("big", EIGHT)], nodes, old, 4560, limits, renew_within=60)
+    assert [(h.holder_uid, h.node, h.gpus, h.expires) for h in renewed] == [("big", "n0", tuple(range(8)), 8160)]
+    # Without renew_within the pod keeps its hold to the end and gets none meanwhile (as before).
+    assert plan_reservations([waiter("big", EIGHT)], nodes, old, 4560, limits) == []
+
+
+def test_a_due_reservation_moves_when_another_node_is_now_sooner_and_never_onto_anothers():
+    limits = ReservationLimits(after_s=0, max_holds=2, max_share=1.0, ttl_s=3600)
+    holds = plan_reservations(
+        [waiter("big", EIGHT, since=0), waiter("next", EIGHT, since=1)],
+        [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0]), node("n2", [0] * 8)],
+        [],
+        10,
+        limits,
+    )
+    assert [(h.holder_uid, h.node, h.shortfall) for h in holds] == [
+        ("big", "n0", (1, FULL)),
+        ("next", "n1", (2, 2 * FULL)),
+    ]
+    # At the renewal n0 has drained half its last GPU (so big's hold is renewed), n1 (next's) has drained
+    # and n2 emptied: big moves to n2, the soonest node no other reservation holds; next's hold is not
+    # due and keeps n1.
+    held = [node("n0", [FULL] * 7 + [FULL // 2]), node("n1", [FULL] * 8), node("n2", [FULL] * 8)]
+    standing = [holds[0], dataclasses.replace(holds[1], expires=7200.0)]
+    moved = plan_reservations(
+        [waiter("big", EIGHT, since=0), waiter("next", EIGHT, since=1)], held, standing, 3590, limits, renew_within=60
+    )
+    assert [(h.holder_uid, h.node, h.expires, h.shortfall) for h in moved] == [("big", "n2", 3590 + 3600, (0, 0))]
+
+
+def test_a_due_reservation_on_a_node_that_did_not_drain_is_not_renewed():
+    """Its last pods run on (or a pod of higher priority took room there): the hold ends at its expiry,
+    as before renewals, and the pod may then be held elsewhere; an older extender's hold, which
+    recorded no shortfall, is never renewed either."""
+    limits = ReservationLimits(after_s=0, max_holds=1, max_share=1.0, ttl_s=3600)
+    nodes = [node("n0", [FULL] * 6 + [0, 0]), node("n1", [FULL] * 5 + [0, 0, 0])]
+    old = plan_reservations([waiter("big", EIGHT)], nodes, [], 0, limits)
+    assert [(h.node, h.shortfall) for h in old] == [("n0", (2, 2 * FULL))]
+    for now_n0 in ([FULL] * 6 + [0, 0], [FULL] * 5 + [0, 0, 0]):  # as short as then; shorter than then
+        later = [node("n0", now_n0), nodes[1]]
+        assert not keeps_draining(old[0], later[0], EIGHT)
+        assert plan_reservations([waiter("big", EIGHT)], later, old, 3590, limits, renew_within=60) == []
+    drained = [node("n0", [FULL] * 6 + [FULL, 0]), nodes[1]]
+    assert keeps_draining(old[0], drained[0], EIGHT)
+    unrecorded = [dataclasses.replace(old[0], shortfall=None)]
+    assert not keeps_draining(unrecorded[0], drained[0], EIGHT)
+    assert plan_reservations([waiter("big", EIGHT)], drained, unrecorded, 3590, limits, renew_within=60) == []
+    assert [h.node for h in plan_reservations([waiter("big", EIGHT)], drained, old, 3590, limits, renew_within=60)] == [
+        "n0"
+    ]
+
+
+def test_a_renewal_keeps_the_bounds_the_old_hold_took():
+    limits = ReservationLimits(after_s=0, max_holds=1, max_share=8 / 16, ttl_s=3600)
+    nodes = [node("n0", [FULL] * 7 + [0]), node("n1", [FULL] * 6 + [0, 0])]  # 16 GPUs, 8 may be held
+    old = plan_reservations([waiter("big", EIGHT, since=0)], nodes, [], 0, limits)
+    # At the bounds: a newcomer gets nothing, the due holder gets its renewal (its own count and units),
+    # its node having drained a little.
+    nodes[0] = node("n0", [FULL] * 7 + [1])
+    got = plan_reservations(
+        [waiter("big", EIGHT, since=0), waiter("other", EIGHT, since=1)], nodes, old, 3590, limits, renew_within=60
+    )
+    assert [(h.holder_uid, h.node) for h in got] == [("big", "n0")]
 
 
 def test_a_reservation_keeps_same_or_lower_priority_pods_off_its_gpus_only():

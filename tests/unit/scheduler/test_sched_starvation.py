@@ -206,6 +206,44 @@ def test_reservation_holds_the_soonest_gpu_against_small_pods_until_the_big_pod_
     assert ext.call("filter", filter_args(make_pod("after", 4), ["node-b"]))["NodeNames"] == []
 
 
+def test_a_reservation_about_to_expire_while_its_pod_waits_is_renewed_in_place(kube, extender_factory):
+    cluster(kube, aged(make_pod("big", 16), 120))
+    config = StarvationConfig(wait_threshold=60, period=40, hold_seconds=100, max_share=0.5, min_gpus=1)
+    ext = ready(extender_factory(starvation=config), "default/big")
+    loop = loop_of(ext)
+    assert loop.renew_within == 50  # two periods, but at most half a hold's life
+    assert loop.run_once().reserved == ["default/big"]
+    [first] = holds_on(kube, "big")
+    assert first.shortfall == (1, 10)  # node-a then: GPU 0 short, 10 GiB to drain on it
+    assert loop.run_once().reserved == []  # 100 s left: not due
+    # 60 s on, 40 left: due within the next two passes, but node-a has not drained: not renewed.
+    later = time.time() + 60
+    loop._clock = lambda: later
+    assert loop.run_once().reserved == []
+    assert holds_on(kube, "big") == [first]
+    # GPU 0 drains (a0's 10 GiB end; a pod of 4 that holds nothing against it took part of the room before
+    # the hold): planned again, GPU 0 (still the soonest) is held anew for the pod, replacing the old hold
+    # in the book and on the pod, with the node's shortfall now.
+    kube.set_pod_phase("default", "a0", "Succeeded")
+    kube.add_pod(assigned_pod("a0s", "node-a", 0, 4))
+    wait_until(lambda: ext.cache.usage()["node-a"][0] == 4, what="GPU 0 drained to 4 GiB")
+    assert loop.run_once().reserved == ["default/big"]
+    [renewed] = holds_on(kube, "big")
+    assert (renewed.node, renewed.gpus, renewed.per_gpu) == (first.node, first.gpus, first.per_gpu)
+    assert renewed.shortfall == (1, 4)
+    assert renewed.expires == pytest.approx(later + 100, abs=1) and renewed.expires > first.expires + 50
+    [booked] = [h for _, h in ext.cache.holds.holds()]  # the old one gone from the book too
+    assert (booked.node, booked.gpus) == (renewed.node, renewed.gpus)
+    assert booked.expires == pytest.approx(renewed.expires, abs=1)  # the annotation keeps whole seconds
+    assert loop.run_once().reserved == []  # renewed: not due again for a while
+    flushed(ext)
+    assert events(kube, EVENT_RESERVED)[-1]["message"].startswith("renewed (the same node): waited ")
+    text = ext.client.get("/metrics").get_data(as_text=True)
+    assert 'gpushare_reservations_total{outcome="renewed"} 1.0' in text
+    assert 'gpushare_reservations_total{outcome="made"} 1.0' in text
+    assert ext_filter(ext, make_pod("small6", 6)) == []  # still held against small pods
+
+
 def test_only_the_leader_reserves(kube, extender_factory):
     cluster(kube, aged(make_pod("big", 16), 120))
     ext = ready(extender_factory(starvation=CONFIG), "default/big")

@@ -78,6 +78,36 @@ def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_place
     assert tl.hooks.holds == []
 
 
+def test_a_reservation_due_to_expire_is_renewed_while_its_node_drains_and_its_room_kept():
+    # A whole GPU runs on the 2-GPU node until 120, a 300-unit share beside it until 60.5; the pair waits
+    # from 1; the loop runs at 20, 55 and 76 (CPU pods); a share arrives at 85. Holds last 60 s and are due
+    # within 30 s of their end (renewal_horizon: half their life here). Made at 20 (2 GPUs short, 1,300
+    # units to drain), the pair's hold is due at 55 but the node has not drained: not renewed. At 76 the
+    # small share has gone (1 short, 1,000 to drain): renewed to 136. The share of 85 waits, the pair runs
+    # at 120 when the whole GPU ends. Without the renewal the hold ends at 80, the share takes the freed
+    # GPU at 85 and the pair waits until 185.
+    arrivals = [
+        Arrival(0, 4, 120),
+        Arrival(0.5, 3, 60),
+        Arrival(1, 1, 100),
+        Arrival(20, 2, 1),
+        Arrival(55, 2, 1),
+        Arrival(76, 2, 1),
+        Arrival(85, 0, 100),
+    ]
+    limits = ReservationLimits(after_s=10, max_holds=1, max_share=1.0, ttl_s=60)
+    options = RemedyOptions(reserve=True, limits=limits, tick_s=20)
+    tl = timeline(cluster(2), BinpackPolicy(), arrivals, options, end=400)
+    assert tl.started == [0.0, 0.5, 120.0, 20.0, 55.0, 76.0, 220.0]
+    assert tl.hooks.holds == []
+    seen = {}
+    for end in (60.0, 78.0):
+        hooks = RemedyHooks(cluster(2), arrivals, options, seed=0)
+        RemedyTimeline(cluster(2), BinpackPolicy(), arrivals, 0.0, end, 0, hooks).run()
+        seen[end] = [(h.holder_uid, h.node, h.expires, h.shortfall) for h in hooks.holds]
+    assert seen == {60.0: [("a2", "n0", 80.0, (2, 1300))], 78.0: [("a2", "n0", 136.0, (1, 1000))]}
+
+
 def test_a_reservation_goes_only_to_a_node_whose_cpu_and_memory_could_ever_host_the_pod():
     # n0: 2 GPUs and 16 cores; n1: 2 GPUs and 64 cores. The pair asks 32 cores: it can never run on n0,
     # however much of it drains. Whole-GPU pods fill n0, then n1 (binpack); the pair arrives at 1 and
