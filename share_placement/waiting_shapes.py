@@ -1,4 +1,4 @@
-"""Which shapes `share_placement.starvation.RoomForWaiting` is told, by one rule for share-sim's timeline
+"""Which shapes `share_placement.room.RoomForWaiting` is told, by one rule for share-sim's timeline
 and the extender (issue 40, room for what waits)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from share_placement.model import Demand
-from share_placement.starvation import shape_of
+from share_placement.room import shape_of
 
 LINGER_S = 3600.0  # a shape is left room for this long after a pod of it last waited
 

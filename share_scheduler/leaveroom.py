@@ -1,6 +1,6 @@
 """Room for what waits (issue 40), in the extender: `--leave-room on`.
 
-The placement policy is wrapped in share_placement.starvation.RoomForWaiting, the very wrapper share-sim's
+The placement policy is wrapped in share_placement.room.RoomForWaiting, the very wrapper share-sim's
 timeline runs (`share-sim timeline --leave-room on`), and told the shapes the simulator's rule picks
 (share_placement.waiting_shapes.WaitingShapes): those of the multi-GPU pods of our profile that wait, and
 those that waited within the last `linger_s` seconds. A pod *waits* as it does in share-sim's queue: it
@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 from share_core.contract import SCHEDULER_NAME
 from share_placement import Demand
-from share_placement.starvation import RoomForWaiting
-from share_placement.starvation import shape_of
+from share_placement.room import RoomForWaiting
+from share_placement.room import shape_of
 from share_placement.waiting_shapes import LINGER_S
 from share_placement.waiting_shapes import WaitingShapes
 from share_scheduler.waiting import WaitingPod

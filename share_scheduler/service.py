@@ -29,7 +29,7 @@ from share_placement import Demand
 from share_placement import Policy
 from share_placement import learns
 from share_placement import make_policy
-from share_placement.starvation import RoomForWaiting
+from share_placement.room import RoomForWaiting
 from share_scheduler.bestnodes import BestNodeIndex
 from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.binder import Binder

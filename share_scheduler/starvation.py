@@ -26,6 +26,10 @@ A hold goes into the HoldBook first, then into the pod's `gpushare.io/holds` ann
 extender or the other replica rebuilds it; it goes when the pod is bound or deleted (the book sees that
 in the pod watch) or when it expires. Never a deadlock: reservations are bounded in count
 (`max_reservations`) and in `max_share` of the cluster's GPU memory, one a node, and expire on their own.
+
+One piece: the pass, its leader check, the pod re-read before acting, the hold writing (book, then
+annotation) and the Events are shared by both remedies and by a renewal, and must stay in step with the
+one function share-sim runs (the decisions themselves are pure, in share_placement.starvation).
 """
 
 from __future__ import annotations

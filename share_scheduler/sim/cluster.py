@@ -22,7 +22,7 @@ import share_placement as placement
 from share_placement import Demand
 from share_placement import NodeView
 from share_placement import Policy
-from share_placement.starvation import RoomForWaiting
+from share_placement.room import RoomForWaiting
 from share_scheduler.sim.workload import Workload
 
 _MISSING = object()

@@ -44,11 +44,11 @@ from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import NodeView
 from share_placement import Policy
+from share_placement.room import RoomForWaiting
 from share_placement.starvation import ConsolidationPlan
 from share_placement.starvation import Overlay
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
-from share_placement.starvation import RoomForWaiting
 from share_placement.starvation import Waiter
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations

@@ -14,16 +14,16 @@ from share_placement import Demand
 from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import node_view
+from share_placement.room import RoomForWaiting
+from share_placement.room import closeness
+from share_placement.room import room_cost
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
-from share_placement.starvation import RoomForWaiting
 from share_placement.starvation import Waiter
-from share_placement.starvation import closeness
 from share_placement.starvation import keeps_draining
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import reservation_node
-from share_placement.starvation import room_cost
 from share_placement.starvation import shortfall
 from share_placement.waiting_shapes import WaitingShapes
 

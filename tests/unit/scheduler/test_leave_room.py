@@ -12,7 +12,7 @@ import pytest
 from share_core.config import parse_args
 from share_placement import BinpackPolicy
 from share_placement import Demand
-from share_placement.starvation import RoomForWaiting
+from share_placement.room import RoomForWaiting
 from share_placement.waiting_shapes import LINGER_S
 from share_scheduler.cli import build_parser
 from share_scheduler.cli import main

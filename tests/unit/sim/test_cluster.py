@@ -7,7 +7,7 @@ import random
 import pytest
 
 from share_placement import Demand
-from share_placement.starvation import RoomForWaiting
+from share_placement.room import RoomForWaiting
 from share_scheduler.sim.cluster import SCORE_INPUTS
 from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.cluster import FitIndex
