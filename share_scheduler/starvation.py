@@ -340,6 +340,8 @@ class Starvation:
     ) -> bool:
         """Give `pod` room: a consolidation where one is allowed and needed, else a reservation (`renewing`:
         its reservation due to expire, planned again). True if something is now held for it."""
+        if renewing is not None and not self._keeps_draining(pod, renewing):
+            return False  # before reading the pod: a hold that is let go costs no API call
         try:
             full = self.kube.get_pod(pod.namespace, pod.name)
         except NotFound:
@@ -359,6 +361,20 @@ class Starvation:
 
     # -- reservations -------------------------------------------------------------------------------
 
+    def _keeps_draining(self, pod: WaitingPod, hold: Hold) -> bool:
+        """share_placement.starvation.keeps_draining on the cache's view of the held node; logs a hold let go."""
+        snap = self.cache.node_snapshot(hold.node)
+        if keeps_draining(hold, snap.state if snap is not None else None, pod.demand):
+            return True
+        log.info(
+            "pod %s: its reservation on node %s is not renewed: the node has not drained since it was made "
+            "(GPUs short, units to drain then: %s); it ends at its expiry and the pod may be held elsewhere",
+            pod.key,
+            hold.node,
+            hold.shortfall,
+        )
+        return False
+
     def _reserve(
         self,
         pod: WaitingPod,
@@ -373,15 +389,6 @@ class Starvation:
         admit (the soonest node is read from the API and, when it refuses the pod, left out and the rules
         asked again, at most NODES_WEIGHED times). `renewing`: the pod's own reservation, due to expire;
         its count and units are the new one's to take."""
-        if renewing is not None and not keeps_draining(renewing, states.get(renewing.node), pod.demand):
-            log.info(
-                "pod %s: its reservation on node %s is not renewed: the node has not drained since it was made "
-                "(GPUs short, units to drain then: %s); it ends at its expiry and the pod may be held elsewhere",
-                pod.key,
-                renewing.node,
-                renewing.shortfall,
-            )
-            return False
         live = [h for _, h in self.cache.holds.holds()]
         capacity = self._cluster_units(self._states())
         reservations = [h for h in live if h.kind is HoldKind.RESERVATION and h != renewing]

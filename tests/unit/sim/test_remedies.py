@@ -97,14 +97,14 @@ def test_a_reservation_due_to_expire_is_renewed_while_its_node_drains_and_its_ro
     ]
     limits = ReservationLimits(after_s=10, max_holds=1, max_share=1.0, ttl_s=60)
     options = RemedyOptions(reserve=True, limits=limits, tick_s=20)
-    tl = timeline(cluster(2), BinpackPolicy(), arrivals, options, end=400)
+    run = (cluster(2), BinpackPolicy(), arrivals, options)
+    tl = timeline(*run, end=400)
     assert tl.started == [0.0, 0.5, 120.0, 20.0, 55.0, 76.0, 220.0]
     assert tl.hooks.holds == []
-    seen = {}
-    for end in (60.0, 78.0):
-        hooks = RemedyHooks(cluster(2), arrivals, options, seed=0)
-        RemedyTimeline(cluster(2), BinpackPolicy(), arrivals, 0.0, end, 0, hooks).run()
-        seen[end] = [(h.holder_uid, h.node, h.expires, h.shortfall) for h in hooks.holds]
+    seen = {
+        end: [(h.holder_uid, h.node, h.expires, h.shortfall) for h in timeline(*run, end=end).hooks.holds]
+        for end in (60.0, 78.0)
+    }
     assert seen == {60.0: [("a2", "n0", 80.0, (2, 1300))], 78.0: [("a2", "n0", 136.0, (1, 1000))]}
 
 
