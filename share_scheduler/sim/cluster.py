@@ -5,9 +5,10 @@ policies whose `evaluate` is pure (`cacheable`), the answer per (state, demand) 
 policy's own `evaluate` and reused until no node is in that state any more. The ATC'23 protocol
 (engine.py: pods only arrive) places through `ClusterState.best`, a scan of every state; the timeline
 (timeline.py: pods arrive, wait and leave, hundreds of thousands of times) through `best_indexed`, the
-same choice from a heap per demand that only looks at the states born since that demand last asked and
-that it may fit: each state, when born, is handed to the demands its free CPU, memory and GPUs allow
-(`FitIndex`, one bit per demand), so a demand never walks the states it could not use.
+same choice from per-demand buckets of states by score (under a heap of the scores) that only look at the
+states born since that demand last asked and that it may fit: each state, when born, is handed to the
+demands its free CPU, memory and GPUs allow (`FitIndex`, one bit per demand), so a demand never walks the
+states it could not use.
 """
 
 from __future__ import annotations
@@ -153,13 +154,14 @@ class ClusterState:
         self.node_state: list[int] = []
         self._next_id = 0
         # Per live state the demands it may fit (`FitIndex`; state ids are never reused). The indexed
-        # chooser keeps a heap per demand, and per demand the states born since it last asked that it may
-        # fit (`_pending`), handed only to the demands whose heap is current (`_listening`, a bit each); a
-        # demand out of it (never asked yet, or its pending list outgrew the live states) rebuilds its heap
-        # from the live states when it asks.
+        # chooser keeps buckets by score per demand, and per demand the states born since it last asked
+        # that it may fit (`_pending`), handed only to the demands whose buckets are current (`_listening`,
+        # a bit each); a demand out of it (never asked yet, or its pending list outgrew the live states)
+        # rebuilds its buckets from the live states when it asks.
         self.fit = FitIndex(self.demands)
         self.fitmask: dict[int, int] = {}
-        self._heaps: list[list[tuple[float, int]]] = [[] for _ in self.demands]
+        self._heaps: list[list[float]] = [[] for _ in self.demands]  # per demand: -score of its buckets
+        self._buckets: list[dict[float, list[int]]] = [{} for _ in self.demands]  # score -> state ids
         self._pending: list[list[int]] = [[] for _ in self.demands]
         self._listening = 0
         self._births = 0
@@ -178,7 +180,7 @@ class ClusterState:
             mask = self.fitmask[sid] = self.fit.mask(view)
             mask &= self._listening
             pending = self._pending
-            while mask:  # hand the new state to every demand it may fit that keeps its heap up to date
+            while mask:  # hand the new state to every demand it may fit that keeps its buckets up to date
                 low = mask & -mask
                 pending[low.bit_length() - 1].append(sid)
                 mask ^= low
@@ -222,13 +224,15 @@ class ClusterState:
         return ev
 
     def forget_evaluations(self) -> None:
-        """Drop every memoised evaluation and the indexed chooser's heaps: the policy's answers changed
+        """Drop every memoised evaluation and the indexed chooser's buckets: the policy's answers changed
         (issue 40's `RoomForWaiting` when the waiting shapes change). They are rebuilt as demands ask."""
         blank = len(self.demands)
         for sid in self.memo:
             self.memo[sid] = [_MISSING] * blank
         for heap in self._heaps:
             heap.clear()
+        for buckets in self._buckets:
+            buckets.clear()
         for pending in self._pending:
             pending.clear()
         self._listening = 0
@@ -321,9 +325,10 @@ class ClusterState:
     def best_indexed(self, dix: int, rng: random.Random | None = None) -> tuple[int, placement.Evaluation] | None:
         """`best`'s choice, found without scanning every state (the timeline's hot path).
 
-        Cacheable policies: a heap per demand of (-score, state id) over the states alive when the demand
-        last asked, topped up from the states born since that it may fit (`FitIndex`) and cleaned lazily of
-        states no node is in any more. Ties: the
+        Cacheable policies: per demand, the states it fits in buckets by score (state ids in birth order)
+        under a heap of the scores, over the states alive when the demand last asked, topped up from the
+        states born since that it may fit (`FitIndex`), and cleaned lazily of states no node is in any
+        more: only the best bucket is read, however many states tie in it (fgd ties dozens). Ties: the
         first node, or for `random_ties` a uniform pick among the tied nodes (states in id order), no draw
         when one node is best. A policy that is not cacheable is asked node by node (`best`), unless it
         says `uniform_scores` (random): it scores every node independently and uniformly, so its best
@@ -334,6 +339,7 @@ class ClusterState:
                 return self.best(dix)
             return self._uniform_fit(dix, rng if rng is not None else random.Random(0))
         heap = self._heaps[dix]
+        buckets = self._buckets[dix]
         members = self.members
         pending = self._pending[dix]
         bit = 1 << dix
@@ -341,39 +347,39 @@ class ClusterState:
             self._listening |= bit
             pending.clear()
             heap.clear()
+            buckets.clear()
             fitmask = self.fitmask
-            self._top_up(heap, dix, [sid for sid in members if fitmask[sid] & bit])
-            heapq.heapify(heap)
+            self._top_up(heap, buckets, dix, [sid for sid in members if fitmask[sid] & bit])
         elif pending:
-            self._top_up(heap, dix, pending)
+            self._top_up(heap, buckets, dix, pending)
             pending.clear()
-        pop = heapq.heappop
-        while heap and heap[0][1] not in members:
-            pop(heap)
-        if not heap:
-            return None
-        top = heap[0][0]
-        tied: list[tuple[float, int]] = []
-        while heap and heap[0][0] == top:
-            e = pop(heap)
-            if e[1] in members:
-                tied.append(e)
-        for e in tied:  # popped in state-id order: pushing back in that order keeps the heap cheap
-            heapq.heappush(heap, e)
+        while True:
+            if not heap:
+                return None
+            top = heap[0]
+            bucket = buckets[top]
+            tied = [sid for sid in bucket if sid in members]
+            if tied:
+                break
+            del buckets[top]
+            heapq.heappop(heap)
+        if len(tied) < len(bucket):
+            buckets[top] = tied
         if self.tie_rng is not None:
-            total = sum(len(members[sid]) for _, sid in tied)
+            total = sum(len(members[sid]) for sid in tied)
             pick = self.tie_rng.randrange(total) if total > 1 or self.draw_single_tie else 0
-            for _, sid in tied:
+            for sid in tied:
                 if pick < len(members[sid]):
                     return members[sid][pick], self.memo[sid][dix]
                 pick -= len(members[sid])
             raise AssertionError("unreachable: pick < total")  # pragma: no cover
-        sid = min((members[sid][0], sid) for _, sid in tied)[1]
+        sid = tied[0] if len(tied) == 1 else min((members[sid][0], sid) for sid in tied)[1]
         return members[sid][0], self.memo[sid][dix]
 
-    def _top_up(self, heap: list[tuple[float, int]], dix: int, sids: Iterable[int]) -> None:
-        """Push (-score, state id) for every live state of `sids` the demand fits, evaluating where needed.
-        `sids` passed the demand's `FitIndex` test (the host test of `cannot_fit`): the policy decides."""
+    def _top_up(self, heap: list[float], buckets: dict[float, list[int]], dix: int, sids: Iterable[int]) -> None:
+        """Add every live state of `sids` (in id order) the demand fits to its score's bucket, evaluating
+        where needed. `sids` passed the demand's `FitIndex` test (the host test of `cannot_fit`): the
+        policy decides."""
         memo, views = self.memo, self.state_views
         demand = self.demands[dix]
         evaluate = self.evaluate
@@ -397,20 +403,38 @@ class ClusterState:
                         ev = srow[c] = evaluate(views[sid], rep)
                     row[dix] = ev
             if ev is not None:
-                push(heap, (-ev[0], sid))
+                key = -ev[0]
+                bucket = buckets.get(key)
+                if bucket is None:
+                    buckets[key] = [sid]
+                    push(heap, key)
+                else:
+                    bucket.append(sid)
+
+    UNIFORM_TRIES = 16  # `_uniform_fit`'s draws before it scans
+
+    def refuse(self, rng: random.Random | None) -> None:
+        """What `best_indexed` would spend on a demand the caller knows fits nowhere: nothing, but a
+        `uniform_scores` policy's rejection draws, so that the pick stream stays the one a search leaves."""
+        if rng is not None and not self.cacheable and getattr(self.policy, "uniform_scores", False):
+            n = len(self.node_state)
+            for _ in range(self.UNIFORM_TRIES):
+                rng.randrange(n)
 
     def _uniform_fit(self, dix: int, rng: random.Random) -> tuple[int, placement.Evaluation] | None:
         """A node drawn uniformly among those the demand fits, with the policy's evaluation there."""
         node_state = self.node_state
         n = len(node_state)
-        for _ in range(16):  # rejection sampling: exact, and quick while many nodes fit
+        for _ in range(self.UNIFORM_TRIES):  # rejection sampling: exact, and quick while many nodes fit
             node = rng.randrange(n)
             if self.fits(node_state[node], dix):
                 break
         else:
-            fitting = [i for i, sid in enumerate(node_state) if self.fits(sid, dix)]
-            if not fitting:
+            bit, fits, members = 1 << dix, self.fits, self.members  # by state, `FitIndex` first: few pass
+            states = [sid for sid, mask in self.fitmask.items() if mask & bit and fits(sid, dix)]
+            if not states:
                 return None
+            fitting = sorted([i for sid in states for i in members[sid]])
             node = fitting[rng.randrange(len(fitting))]
         ev = self.evaluate(self.state_views[node_state[node]], self.demands[dix])
         if ev is None:  # pragma: no cover - fits() and evaluate() disagree: a policy bug
@@ -440,16 +464,17 @@ class ClusterState:
                 None if mem_free is None else mem_free + sign * demand.memory,
             )
         )
+        if new == old:  # nothing moved (a demand of nothing): the state and its members stand
+            return
         self.node_state[node] = new
         old_members = self.members[old]
         old_members.remove(node)
         if not old_members:
-            del self.members[old]
-            if old != new:  # no node is in the old state any more: forget it (a churning cluster makes many)
-                del self.memo[old]
-                del self.fitmask[old]
-                self._srow.pop(old, None)
-                del self.state_ids[self.state_views.pop(old)]
+            del self.members[old]  # no node is in the old state any more: forget it (a churning cluster makes many)
+            del self.memo[old]
+            del self.fitmask[old]
+            self._srow.pop(old, None)
+            del self.state_ids[self.state_views.pop(old)]
         new_members = self.members.setdefault(new, [])
         new_members.append(node)
         if len(new_members) > 1:

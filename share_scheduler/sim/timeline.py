@@ -23,7 +23,8 @@ Speed: a waiting pod fit nowhere at its last try, and since then nodes only lost
 pod just left; fitting only grows with room (GPU by GPU, CPU, memory), so after a departure a waiting pod
 can fit only on that node. The retry therefore checks that node alone, pod by pod in queue order, with
 the pods grouped by demand (one check per distinct demand, not per pod). `retry="full"` retries every
-waiting pod over the whole cluster instead (tests/unit/sim/test_timeline.py proves the two equal).
+waiting pod over the whole cluster instead (tests/unit/sim/test_timeline.py proves the two equal). The
+same reasoning spares a search to a new pod whose demand already waits: it fits nowhere either.
 
 Where issue 40's remedies plug in: `TimelineHooks` (room held for some pods against others, a step after
 every event for consolidation) and `Timeline.waiting()`, the queue as the policy may see it.
@@ -235,6 +236,9 @@ class Timeline:
     Arrivals are numbered by their position in the stream (`seq`); a pod's queue key is
     (-priority, seq), kube-scheduler's activeQ order."""
 
+    # A new pod of a demand that already waits is queued without a search (see `arrive`); False: searched.
+    skip_search_for_waiting = True
+
     def __init__(
         self,
         workload: Workload,
@@ -399,7 +403,16 @@ class Timeline:
         return tied[0]
 
     def arrive(self, seq: int) -> bool:
-        """Arrival `seq` is tried at once; if it fits nowhere it waits. True when placed."""
+        """Arrival `seq` is tried at once; if it fits nowhere it waits. True when placed.
+
+        Without hooks, a demand that has pods waiting fits nowhere (each retry leaves no waiting demand
+        that fits the node it retried, and no other node gained room): its new pod waits without a search."""
+        if self.skip_search_for_waiting and self.hooks is None and self.retry == "node":
+            dix = self.cluster.pod_demand[self.arrivals[seq].pod]
+            if dix in self.queues:
+                self.cluster.refuse(self._pick_rng)
+                self._enqueue(seq)
+                return False
         chosen = self._choose(seq)
         if chosen is None:
             self._enqueue(seq)

@@ -235,6 +235,23 @@ def test_retrying_only_the_node_that_changed_equals_retrying_everything(name):
     assert placements["node"] == placements["full"]
 
 
+@pytest.mark.parametrize("name", ["bestfit", "frag", "random"])
+def test_a_pod_of_a_waiting_demand_queued_without_a_search_waits_as_a_searched_one(name, monkeypatch):
+    """The shortcut for a demand that already waits leaves every placement and the random policy's
+    draws as they were (it draws what the failed search would have)."""
+    w = churn(7)
+    arrivals = poisson_arrivals(w, 1.3, days=1.5, cap_days=1, seed=4)
+    runs = {}
+    for skip in (True, False):
+        monkeypatch.setattr(Timeline, "skip_search_for_waiting", skip)
+        tl = Timeline(w, build_policy(name, 0, w), arrivals, 0.25 * DAY, 1.5 * DAY, seed=0)
+        tl.run()
+        runs[skip] = (tl.started, sorted(tl.where.items()), [s for s, _, _ in tl.waiting()])
+    started = runs[True][0]
+    assert sum(s is None or s > a.time for s, a in zip(started, arrivals, strict=False)) > 50  # many waited
+    assert runs[True] == runs[False]
+
+
 def test_simulate_timeline_is_deterministic_and_samples_a_series():
     w = churn(3)
     arrivals = poisson_arrivals(w, 0.9, days=1, cap_days=1, seed=0)
