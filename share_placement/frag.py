@@ -275,12 +275,6 @@ class FragPolicy(ViewPolicy):
             memo[view] = ev
         return ev  # type: ignore[return-value]
 
-    def evaluate_unmemoised(self, view: NodeView, demand: Demand) -> Evaluation:
-        """`evaluate`'s answer without its memo, for a caller that keeps answers per interned state
-        (share-sim: each (state, demand) asked once, so the memo would only cost a hash of the view)."""
-        _ = self.table
-        return self._evaluate(view, demand)
-
     def _evaluate_one_gpu(self, view: NodeView, demand: Demand, pricer: Pricer) -> Evaluation:
         """`_evaluate` for a single-GPU demand without CPU information (the extender's common case).
 

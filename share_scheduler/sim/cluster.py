@@ -113,9 +113,6 @@ class ClusterState:
     ) -> None:
         self.policy = policy
         self.evaluate = policy.evaluate
-        # What fills the memo: a policy that memoises by view itself (frag) offers its answer without that
-        # memo, as the states here are interned and each (state, demand) is asked once.
-        self._answer = getattr(policy, "evaluate_unmemoised", policy.evaluate)
         self.cacheable = bool(getattr(policy, "cacheable", True))
         self.tie_rng = tie_rng if getattr(policy, "random_ties", False) else None
         self.draw_single_tie = draw_single_tie
@@ -168,10 +165,6 @@ class ClusterState:
         self._pending: list[list[int]] = [[] for _ in self.demands]
         self._listening = 0
         self._births = 0
-        # Answers of states no node is in any more, by view (the most recent `REVIVE_LIMIT`): a node
-        # whose pod left is often back in the state it had before the pod came, and a state born again
-        # (under a new id, so the buckets keep their order) starts with every answer it had.
-        self._dead: dict[NodeView, list] = {}
         for i, n in enumerate(workload.nodes):
             sid = self.intern((tuple((n.model, g) for g in n.gpus), n.cpu, n.memory))
             self.node_state.append(sid)
@@ -183,8 +176,7 @@ class ClusterState:
             sid = self.state_ids[view] = self._next_id
             self._next_id += 1
             self.state_views[sid] = view
-            row = self._dead.pop(view, None)
-            self.memo[sid] = [_MISSING] * len(self.demands) if row is None else row
+            self.memo[sid] = [_MISSING] * len(self.demands)
             mask = self.fitmask[sid] = self.fit.mask(view)
             mask &= self._listening
             pending = self._pending
@@ -208,8 +200,6 @@ class ClusterState:
                 pending.clear()
                 self._listening &= ~(1 << dix)
 
-    REVIVE_LIMIT = 4096  # dead states' answers kept (a list per state, a slot per demand)
-
     SHARED_LIMIT = 200_000  # node keys kept; past it the table starts afresh (live states keep their rows)
 
     def _shared_row(self, view: NodeView) -> list:
@@ -225,12 +215,12 @@ class ClusterState:
         """The policy's answer for state `sid` and demand `dix`, which passed the host test of `cannot_fit`:
         shared within the demand's class where SCORE_INPUTS allows."""
         if self.inputs is None:
-            return self._answer(self.state_views[sid], self.demands[dix])
+            return self.evaluate(self.state_views[sid], self.demands[dix])
         row = self._srow[sid]
         c = self._cls[dix]
         ev = row[c]
         if ev is _MISSING:
-            ev = row[c] = self._answer(self.state_views[sid], self._reps[c])
+            ev = row[c] = self.evaluate(self.state_views[sid], self._reps[c])
         return ev
 
     def forget_evaluations(self) -> None:
@@ -239,7 +229,6 @@ class ClusterState:
         blank = len(self.demands)
         for sid in self.memo:
             self.memo[sid] = [_MISSING] * blank
-        self._dead.clear()
         for heap in self._heaps:
             heap.clear()
         for buckets in self._buckets:
@@ -267,7 +256,7 @@ class ClusterState:
 
     def _fitting(self, dix: int) -> Iterator[tuple[int, placement.Evaluation]]:
         """Each node state the demand fits, with its evaluation (worked out once per state and demand)."""
-        memo, views, evaluate, demand = self.memo, self.state_views, self._answer, self.demands[dix]
+        memo, views, evaluate, demand = self.memo, self.state_views, self.evaluate, self.demands[dix]
         for sid in self.members:
             row = memo[sid]
             ev = row[dix]
@@ -393,7 +382,7 @@ class ClusterState:
         policy decides."""
         memo, views = self.memo, self.state_views
         demand = self.demands[dix]
-        evaluate = self._answer
+        evaluate = self.evaluate
         push = heapq.heappush
         shared = self.inputs
         if shared is not None:
@@ -482,14 +471,10 @@ class ClusterState:
         old_members.remove(node)
         if not old_members:
             del self.members[old]  # no node is in the old state any more: forget it (a churning cluster makes many)
-            dead = self._dead
-            if len(dead) >= self.REVIVE_LIMIT:
-                del dead[next(iter(dead))]  # the longest dead
-            view = self.state_views.pop(old)
-            dead[view] = self.memo.pop(old)
+            del self.memo[old]
             del self.fitmask[old]
             self._srow.pop(old, None)
-            del self.state_ids[view]
+            del self.state_ids[self.state_views.pop(old)]
         new_members = self.members.setdefault(new, [])
         new_members.append(node)
         if len(new_members) > 1:

@@ -6,10 +6,8 @@ import random
 
 import pytest
 
-import share_placement as placement
 from share_placement import Demand
 from share_placement.room import RoomForWaiting
-from share_scheduler.sim.cluster import _MISSING
 from share_scheduler.sim.cluster import SCORE_INPUTS
 from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.cluster import FitIndex
@@ -109,41 +107,3 @@ def test_a_demand_that_stopped_asking_keeps_no_unbounded_backlog():
     for dix in range(len(cluster.demands)):  # a demand asking after a long silence rebuilds, exactly
         assert cluster.best_indexed(dix) == cluster.best(dix)
     assert set(cluster.fitmask) == set(cluster.members) == set(cluster.memo)
-
-
-@pytest.mark.parametrize("name", ["frag", "fgd", "bestfit", "random"])
-def test_a_state_born_again_starts_with_the_answers_it_had_and_they_are_the_policys(name):
-    """A node back in a state it left gets that state's answers (under a new id), and every answer kept,
-    revived or not, is what the policy itself says of the state's view (frag: without its memo)."""
-    w = churn(5)
-    cluster = ClusterState(w, build_policy(name, 0, w))
-    fresh = build_policy(name, 0, w)
-    rng = random.Random(3)
-    running: list[tuple[int, int, tuple[int, ...]]] = []
-    revived = 0
-    for _ in range(800):
-        if running and rng.random() < 0.45:
-            node, dix, positions = running.pop()  # the last placed leaves: its node goes back a state
-            dead = set(cluster._dead)
-            cluster.release(node, dix, positions)
-            revived += cluster.view(node) in dead and cluster.view(node) not in cluster._dead
-            continue
-        dix = rng.randrange(len(cluster.demands))
-        chosen = cluster.best_indexed(dix, random.Random(1))
-        if chosen is not None:
-            cluster.place(chosen[0], dix, chosen[1][1])
-            running.append((chosen[0], dix, chosen[1][1]))
-    assert revived > 20
-    assert len(cluster._dead) <= cluster.REVIVE_LIMIT
-    checked = 0
-    for sid, row in cluster.memo.items():
-        view = cluster.state_views[sid]
-        for dix, answer in enumerate(row):
-            if answer is _MISSING:
-                continue
-            checked += 1
-            if cluster.cacheable:
-                assert answer == fresh.evaluate(view, cluster.demands[dix]), (sid, dix)
-            else:
-                assert answer == (placement.eligible_positions(view, cluster.demands[dix]) is not None)
-    assert checked > 20
