@@ -79,6 +79,9 @@ class RemedyOptions:
     max_moves: int = 2
     evictions_per_minute: float = 2.0
     movable_fraction: float = 0.5
+    # A reservation yields to a pod that has waited this long (s): the pod sees the held GPUs as free, so a
+    # hold redirects small pods but makes none wait longer than this. None: reservations never yield.
+    yield_after_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or not self.tick_s > 0 or self.linger_s < 0 or self.consolidate_after_s < 0:
@@ -87,6 +90,8 @@ class RemedyOptions:
             raise ValueError("remedies: retry_s >= 0, max_moves >= 1 and evictions_per_minute >= 0")
         if not 0.0 <= self.movable_fraction <= 1.0:
             raise ValueError(f"remedies: movable_fraction must be in [0, 1], got {self.movable_fraction}")
+        if self.yield_after_s is not None and self.yield_after_s < 0:
+            raise ValueError(f"remedies: yield_after_s must be >= 0 (or None), got {self.yield_after_s}")
 
     @property
     def any(self) -> bool:
@@ -128,7 +133,13 @@ class RemedyHooks(TimelineHooks):
         self._states: dict[int, tuple[int, NodeState]] = {}
         self._held_key: tuple = ()
         self._held_until = math.inf
-        self._held_cache: dict[tuple[int, int | None], dict[int, NodeView] | None] = {}
+        self._held_cache: dict[tuple[int, int | None, bool], dict[int, NodeView] | None] = {}
+        self._yield_next = 0  # the first arrival not yet past `yield_after_s` (arrivals are in time order)
+
+    def yielded(self, timeline: Timeline, seq: int) -> bool:
+        """Whether reservations yield to arrival `seq`: it has waited `yield_after_s` or longer."""
+        after = self.options.yield_after_s
+        return after is not None and timeline.now - timeline.arrivals[seq].time >= after
 
     # --- what a pod sees ---
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
@@ -147,10 +158,12 @@ class RemedyHooks(TimelineHooks):
             self._held_until = min((h.expires for h in holds if not h.expired(timeline.now)), default=math.inf)
             self._held_cache.clear()
         holder = any(h.holder_uid == uid for h in holds)
-        sig = (priority, seq if holder else None)
+        yielded = self.yielded(timeline, seq)
+        sig = (priority, seq if holder else None, yielded)
         if sig in self._held_cache:
             return self._held_cache[sig]
-        taken = held_units(holds, priority, uid, now=timeline.now)
+        applying = [h for h in holds if h.kind is not HoldKind.RESERVATION] if yielded else holds
+        taken = held_units(applying, priority, uid, now=timeline.now)
         out = (
             {self.index[n]: held_view(timeline.cluster.view(self.index[n]), g) for n, g in taken.items()}
             if taken
@@ -166,12 +179,31 @@ class RemedyHooks(TimelineHooks):
             self._update_shapes(timeline, now)
         if self.holds:
             self._drop_holds(timeline, now)
+        if o.yield_after_s is not None:
+            self._yield_to_the_waiting(timeline, now)
         if now >= self._next_tick:
             self._next_tick = now + o.tick_s
             if o.consolidate:
                 self._consolidate(timeline, now)
             if o.reserve:
                 self._reserve(timeline, now)
+
+    def _yield_to_the_waiting(self, timeline: Timeline, now: float) -> None:
+        """Pods that have just waited `yield_after_s` see the reserved GPUs as free: retry the held nodes
+        for them (kube-scheduler retries a waiting pod on every cluster event; here, its first event past
+        the bound)."""
+        assert self.options.yield_after_s is not None
+        bound = now - self.options.yield_after_s
+        arrivals, started = timeline.arrivals, timeline.started
+        crossed = False
+        k = self._yield_next
+        while k < len(arrivals) and arrivals[k].time <= bound:  # all arrived by now (S = 0: an extra retry at most)
+            crossed = crossed or started[k] is None
+            k += 1
+        self._yield_next = k
+        if crossed and self.holds:
+            for node in sorted({self.index[h.node] for h in self.holds if h.kind is HoldKind.RESERVATION}):
+                timeline.retry_on(node)
 
     def _update_shapes(self, timeline: Timeline, now: float) -> None:
         demands = timeline.cluster.demands
@@ -439,7 +471,9 @@ class RemedyTimeline(Timeline):
             return
         name = self.hooks.names[node]
         here = [h for h in self.hooks.holds if h.node == name and not h.expired(self.now)]
-        if here and self.exact_retry:
+        if here and (self.exact_retry or self.hooks.options.yield_after_s is not None):
+            # Yielding reservations: a pod later in its demand's queue may have waited longer than the
+            # head and see less held, so the head-and-holders shortcut below does not hold: pod by pod.
             super().retry_on(node)
             return
         if here:

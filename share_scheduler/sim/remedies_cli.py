@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"consolidation's eviction rate limit (default {d.evictions_per_minute:g})",
     )
     g.add_argument(
+        "--hold-yield-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a reservation yields to a pod that has waited S seconds (default: never)",
+    )
+    g.add_argument(
         "--movable-fraction",
         type=float,
         default=d.movable_fraction,
@@ -115,4 +122,5 @@ def options_from(args: argparse.Namespace) -> RemedyOptions:
         max_moves=args.max_moves,
         evictions_per_minute=args.evictions_per_minute,
         movable_fraction=args.movable_fraction,
+        yield_after_s=args.hold_yield_after,
     )

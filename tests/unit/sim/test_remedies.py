@@ -78,6 +78,24 @@ def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_place
     assert tl.hooks.holds == []
 
 
+@pytest.mark.parametrize("yield_after", [None, 30.0])
+def test_a_reservation_yields_to_a_pod_that_waited_past_the_bound(yield_after):
+    """The first share runs until 500, so the pair waits for GPU 0 whatever happens; the share arriving at
+    60 fits only the held half of GPU 0. Never yielding, it waits behind the pair until 600; yielding after
+    30 s, it takes that half at the first event past 90 (a CPU pod at 95) and is gone at 195, before the
+    pair could start: the pair starts at 500 either way."""
+    stream = [Arrival(0, 0, 500), Arrival(1, 1, 100), Arrival(20, 2, 1), Arrival(60, 0, 100), Arrival(95, 2, 1)]
+    options = RemedyOptions(
+        reserve=True,
+        limits=ReservationLimits(after_s=10, max_holds=1, max_share=1.0),
+        tick_s=1,
+        yield_after_s=yield_after,
+    )
+    tl = timeline(cluster(2), BinpackPolicy(), stream, options, end=1000)
+    share_starts = 600.0 if yield_after is None else 95.0
+    assert tl.started == [0.0, 500.0, 20.0, share_starts, 95.0]
+
+
 def test_a_reservation_due_to_expire_is_renewed_while_its_node_drains_and_its_room_kept():
     # A whole GPU runs on the 2-GPU node until 120, a 300-unit share beside it until 60.5; the pair waits
     # from 1; the loop runs at 20, 55 and 76 (CPU pods); a share arrives at 85. Holds last 60 s and are due
@@ -194,6 +212,10 @@ def test_cli_switches_and_bad_knobs():
         parse_args(["--yaml", "x.yaml", "--reserve", "maybe"])
     with pytest.raises(SystemExit):
         parse_args(["--yaml", "x.yaml", "--movable-fraction", "2"])
+    assert args.remedies.yield_after_s is None  # reservations never yield unless told
+    assert parse_args(["--yaml", "x.yaml", "--hold-yield-after", "60"]).remedies.yield_after_s == 60.0
+    with pytest.raises(SystemExit):
+        parse_args(["--yaml", "x.yaml", "--hold-yield-after", "-1"])
 
 
 def test_cli_json_carries_evictions_per_1000_placed_in_mean_and_every_seed(capsys):
