@@ -79,8 +79,9 @@ class RemedyOptions:
     max_moves: int = 2
     evictions_per_minute: float = 2.0
     movable_fraction: float = 0.5
-    # A reservation yields to a pod that has waited this long (s): the pod sees the held GPUs as free, so a
-    # hold redirects small pods but makes none wait longer than this. None: reservations never yield.
+    # A reservation yields to a pod below `min_gpus` that has waited this long (s): it sees the held GPUs
+    # as free, so a hold redirects small pods but makes none wait much longer than this (pods the
+    # remedies serve keep seeing it: reservations order them). None: reservations never yield.
     yield_after_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -137,9 +138,13 @@ class RemedyHooks(TimelineHooks):
         self._yield_next = 0  # the first arrival not yet past `yield_after_s` (arrivals are in time order)
 
     def yielded(self, timeline: Timeline, seq: int) -> bool:
-        """Whether reservations yield to arrival `seq`: it has waited `yield_after_s` or longer."""
+        """Whether reservations yield to arrival `seq`: a pod below `min_gpus` GPUs that has waited
+        `yield_after_s` or longer."""
         after = self.options.yield_after_s
-        return after is not None and timeline.now - timeline.arrivals[seq].time >= after
+        if after is None:
+            return False
+        a = timeline.arrivals[seq]
+        return timeline.now - a.time >= after and timeline.workload.pods[a.pod].count < self.options.min_gpus
 
     # --- what a pod sees ---
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
@@ -194,11 +199,12 @@ class RemedyHooks(TimelineHooks):
         the bound)."""
         assert self.options.yield_after_s is not None
         bound = now - self.options.yield_after_s
-        arrivals, started = timeline.arrivals, timeline.started
+        arrivals, started, pods = timeline.arrivals, timeline.started, timeline.workload.pods
+        small = self.options.min_gpus
         crossed = False
         k = self._yield_next
         while k < len(arrivals) and arrivals[k].time <= bound:  # all arrived by now (S = 0: an extra retry at most)
-            crossed = crossed or started[k] is None
+            crossed = crossed or (started[k] is None and pods[arrivals[k].pod].count < small)
             k += 1
         self._yield_next = k
         if crossed and self.holds:

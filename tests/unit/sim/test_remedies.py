@@ -96,6 +96,20 @@ def test_a_reservation_yields_to_a_pod_that_waited_past_the_bound(yield_after):
     assert tl.started == [0.0, 500.0, 20.0, share_starts, 95.0]
 
 
+def test_a_reservation_yields_only_to_pods_below_the_remedies_size_once_they_waited_the_bound():
+    stream = [Arrival(0, 0, 500), Arrival(1, 1, 100), Arrival(2, 4, 100)]  # a share, a pair, a whole GPU
+    tl = timeline(cluster(1), BinpackPolicy(), stream, RemedyOptions(reserve=True, yield_after_s=30.0), end=10)
+    yielded = tl.hooks.yielded
+    tl.now = 31.5
+    assert yielded(tl, 0)  # the share waited 31.5 s
+    assert not yielded(tl, 1)  # the pair waited 30.5 s, but the remedies serve pods of 2+ GPUs: never
+    assert not yielded(tl, 2)  # the whole GPU pod waited 29.5 s: not yet
+    tl.now = 32.0
+    assert yielded(tl, 2)
+    tl.now = 1e6
+    assert not yielded(tl, 1)
+
+
 def test_a_reservation_due_to_expire_is_renewed_while_its_node_drains_and_its_room_kept():
     # A whole GPU runs on the 2-GPU node until 120, a 300-unit share beside it until 60.5; the pair waits
     # from 1; the loop runs at 20, 55 and 76 (CPU pods); a share arrives at 85. Holds last 60 s and are due
