@@ -138,13 +138,14 @@ class RemedyHooks(TimelineHooks):
         self._yield_next = 0  # the first arrival not yet past `yield_after_s` (arrivals are in time order)
 
     def yielded(self, timeline: Timeline, seq: int) -> bool:
-        """Whether reservations yield to arrival `seq`: a pod below `min_gpus` GPUs that has waited
-        `yield_after_s` or longer."""
+        """Whether reservations yield to arrival `seq`: a pod below `min_gpus` GPUs that has waited longer
+        than `yield_after_s`. Strictly longer: at its arrival a pod always sees the holds (they redirect
+        it), so S = 0 yields only to a pod that found no other room and is still waiting."""
         after = self.options.yield_after_s
         if after is None:
             return False
         a = timeline.arrivals[seq]
-        return timeline.now - a.time >= after and timeline.workload.pods[a.pod].count < self.options.min_gpus
+        return timeline.now - a.time > after and timeline.workload.pods[a.pod].count < self.options.min_gpus
 
     # --- what a pod sees ---
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
@@ -203,7 +204,7 @@ class RemedyHooks(TimelineHooks):
         small = self.options.min_gpus
         crossed = False
         k = self._yield_next
-        while k < len(arrivals) and arrivals[k].time <= bound:  # all arrived by now (S = 0: an extra retry at most)
+        while k < len(arrivals) and arrivals[k].time < bound:  # waited longer than S (`yielded`)
             crossed = crossed or (started[k] is None and pods[arrivals[k].pod].count < small)
             k += 1
         self._yield_next = k

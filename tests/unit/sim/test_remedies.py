@@ -78,12 +78,13 @@ def test_a_reservation_holds_the_gpus_against_the_stream_until_the_pair_is_place
     assert tl.hooks.holds == []
 
 
-@pytest.mark.parametrize("yield_after", [None, 30.0])
+@pytest.mark.parametrize("yield_after", [None, 30.0, 0.0])
 def test_a_reservation_yields_to_a_pod_that_waited_past_the_bound(yield_after):
     """The first share runs until 500, so the pair waits for GPU 0 whatever happens; the share arriving at
     60 fits only the held half of GPU 0. Never yielding, it waits behind the pair until 600; yielding after
     30 s, it takes that half at the first event past 90 (a CPU pod at 95) and is gone at 195, before the
-    pair could start: the pair starts at 500 either way."""
+    pair could start: the pair starts at 500 either way. Yielding after 0 s, it still sees the hold when it
+    arrives (and waits), and takes the half at the next event, 95."""
     stream = [Arrival(0, 0, 500), Arrival(1, 1, 100), Arrival(20, 2, 1), Arrival(60, 0, 100), Arrival(95, 2, 1)]
     options = RemedyOptions(
         reserve=True,
@@ -105,6 +106,8 @@ def test_a_reservation_yields_only_to_pods_below_the_remedies_size_once_they_wai
     assert not yielded(tl, 1)  # the pair waited 30.5 s, but the remedies serve pods of 2+ GPUs: never
     assert not yielded(tl, 2)  # the whole GPU pod waited 29.5 s: not yet
     tl.now = 32.0
+    assert not yielded(tl, 2)  # 30 s: strictly longer is needed (at S = 0, a pod just arrived sees the holds)
+    tl.now = 32.5
     assert yielded(tl, 2)
     tl.now = 1e6
     assert not yielded(tl, 1)
