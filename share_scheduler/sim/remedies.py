@@ -79,7 +79,7 @@ class RemedyOptions:
     max_moves: int = 2
     evictions_per_minute: float = 2.0
     movable_fraction: float = 0.5
-    # A reservation yields to a pod below `min_gpus` that has waited this long (s): it sees the held GPUs
+    # A reservation yields to a pod below `min_gpus` that has waited longer than this (s): it sees the held GPUs
     # as free, so a hold redirects small pods but makes none wait much longer than this (pods the
     # remedies serve keep seeing it: reservations order them). None: reservations never yield.
     yield_after_s: float | None = None
