@@ -34,7 +34,9 @@ def _type(action: argparse.Action) -> str:
         return "boolean"
     if action.choices is not None:
         return " \\| ".join(f"`{c}`" for c in action.choices)
-    return {int: "integer", float: "number"}.get(action.type, "string")  # type: ignore[arg-type]
+    # A flag with its own parser names what it reads (`config_kind` on the function), else it reads text.
+    named = getattr(action.type, "config_kind", None)
+    return named or {int: "integer", float: "number"}.get(action.type, "string")  # type: ignore[arg-type]
 
 
 def _cell(text: str) -> str:

@@ -244,14 +244,37 @@ def pod_holds(pod: Pod) -> list[Hold]:
 # -- what holds take from whom ----------------------------------------------------------------------
 
 
+def reservations_yield(
+    gpu_count: int, min_gpus: int, waited_s: float, yield_after_s: float | None, found_no_room: bool = True
+) -> bool:
+    """Whether RESERVATION holds yield to a pod: it asks fewer than `min_gpus` GPUs (the pods reservations
+    are not made for), kube-scheduler already found no room for it, and it has waited strictly longer than
+    `yield_after_s` (None: reservations never yield).
+
+    Why: at critical load the reserved GPUs are the room a small pod would take when nothing else is free,
+    so a hold that never yields makes small pods wait as long as it stands (docs/simulator.md measures
+    it). Until its first try a pod always sees the holds: they redirect it to the rest of the cluster, which
+    is what keeps small pods off a draining node while anything else fits; only a pod that found nothing
+    else and has waited past the bound takes the held room."""
+    return yield_after_s is not None and gpu_count < min_gpus and found_no_room and waited_s > yield_after_s
+
+
 def held_units(
-    holds: Iterable[Hold], priority: int, uid: str, owner_uid: str = "", now: float | None = None
+    holds: Iterable[Hold],
+    priority: int,
+    uid: str,
+    owner_uid: str = "",
+    now: float | None = None,
+    yielded: bool = False,
 ) -> dict[str, dict[int, int]]:
     """node -> GPU index -> units a pod (its priority, UID, controller) must see as taken by holds that
-    are not its own; expired holds (when `now` is given) take nothing."""
+    are not its own; expired holds (when `now` is given) take nothing, nor do reservations when they
+    yield to the pod (`yielded`: `reservations_yield`)."""
     out: dict[str, dict[int, int]] = {}
     for h in holds:
         if (now is not None and h.expired(now)) or not h.applies_to(priority, uid, owner_uid):
+            continue
+        if yielded and h.kind is HoldKind.RESERVATION:
             continue
         per_node = out.setdefault(h.node, {})
         for g in h.gpus:

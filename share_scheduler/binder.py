@@ -143,7 +143,7 @@ class Binder:
         uid = _uid(pod)
         if uid:
             with self._seen_lock:
-                self._seen[uid] = (_key(pod), request, demand, Asker.of(pod))
+                self._seen[uid] = (_key(pod), request, demand, Asker.of(pod, demand.count))
 
     def _recall(self, args: BindArgs) -> tuple[PodRequest | None, Demand, Asker] | None:
         if not args.uid:
@@ -189,7 +189,7 @@ class Binder:
                 request, demand = pod_demand(pod)
             except InvalidRequest as exc:
                 raise BindError(f"pod {args.key}: {exc}", "invalid_request") from exc
-            asker = Asker.of(pod)
+            asker = Asker.of(pod, demand.count)
         else:
             request, demand, asker = recalled
         assignment, summary = self._reserve(args, request, demand, asker)
@@ -217,7 +217,7 @@ class Binder:
         with self._node_lock(node):
             if self.cache.assumption(key) is not None:
                 self.cache.forget(key)  # a retried pod: its earlier hold must not count against itself
-            snap = self._snapshot_for(node, Asker.of(pod))
+            snap = self._snapshot_for(node, Asker.of(pod, demand.count))
             if snap is None:
                 return False
             with self.policy_lock:

@@ -116,6 +116,15 @@ def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) 
         help=f"pods asking at least this many GPUs get reservations and consolidation (default {c.min_gpus})",
     )
     p.add_argument(
+        "--hold-yield-after",
+        type=_seconds_or_none,
+        default=d(c.yield_after),
+        metavar="SECONDS",
+        help="reservations yield to a pod asking fewer than --remedy-min-gpus GPUs that kube-scheduler found "
+        "no room for and that has waited longer than this since its creation (it may take the held memory); "
+        "empty (default): reservations never yield (share-sim's `timeline --hold-yield-after`)",
+    )
+    p.add_argument(
         "--starvation-period",
         type=float,
         default=d(c.period),
@@ -179,7 +188,21 @@ def starvation_config(a: argparse.Namespace) -> StarvationConfig:
         evictions_per_minute=a.evictions_per_minute,
         leave_room=a.leave_room == "on",
         leave_room_linger=a.leave_room_linger,
+        yield_after=a.hold_yield_after,
     )
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """A number of seconds, or None for an empty value (the chart passes its null as "")."""
+    if not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds or nothing, got {text!r}") from None
+
+
+_seconds_or_none.config_kind = "number or null"  # type: ignore[attr-defined]  # docs/configuration.md
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,11 +22,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import TTLCache
+
 from share_core.holds import Hold
+from share_core.holds import HoldKind
 from share_core.holds import after_bind
 from share_core.holds import held_units
 from share_core.holds import pod_controller_uid
 from share_core.holds import pod_priority
+from share_core.holds import reservations_yield
+from share_scheduler.waiting import found_unschedulable
+from share_scheduler.waiting import parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,7 @@ class Anchor:
 
 
 ECHO_GRACE = 30.0  # seconds a hold the leader added waits for its annotation to show in the watch
+YIELDS_REMEMBERED = 10_000  # pods yielded to within the hour, each counted and logged once
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,18 +57,40 @@ class Asker:
     uid: str
     priority: int
     owner_uid: str = ""
+    # For the yield rule (`HoldBook.yield_after_s`): GPUs it asks, its creationTimestamp (s since the epoch,
+    # 0: unknown) and whether kube-scheduler already found no node for it (PodScheduled False, Unschedulable).
+    gpu_count: int | None = None  # None: not told (a preemptor, the loop's own questions): never yielded to
+    created: float = 0.0
+    found_no_room: bool = False
+    key: str = ""  # namespace/name, for the log
 
     @classmethod
-    def of(cls, pod: Mapping[str, Any]) -> Asker:
+    def of(cls, pod: Mapping[str, Any], gpu_count: int | None = None) -> Asker:
         meta = pod.get("metadata") or {}
-        return cls(str(meta.get("uid") or ""), pod_priority(pod), pod_controller_uid(pod))
+        return cls(
+            str(meta.get("uid") or ""),
+            pod_priority(pod),
+            pod_controller_uid(pod),
+            gpu_count,
+            parse_timestamp(meta.get("creationTimestamp")),
+            found_unschedulable(pod),
+            f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}",
+        )
 
 
 class HoldBook:
     """Thread-safe; every method is cheap (holds are few: bounded per pod and by their writers)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, yield_after_s: float | None = None, min_gpus: int = 2
+    ) -> None:
         self._clock = clock  # wall clock: expiries are absolute times written on the API server
+        # Reservations yield to a pod of fewer than `min_gpus` GPUs that kube-scheduler found no room for and
+        # that has waited (since its creation) longer than this; None: never (share_core.holds.reservations_yield).
+        self.yield_after_s = yield_after_s
+        self.min_gpus = min_gpus
+        self.yields = 0  # pods reservations yielded to (a metric: how often small pods were let into held room)
+        self._yielded_to: TTLCache[str, bool] = TTLCache(maxsize=YIELDS_REMEMBERED, ttl=3600.0)
         self._lock = threading.Lock()
         self._anchors: dict[str, Anchor] = {}  # anchor pod key (namespace/name) -> its holds
         self._count = 0  # holds in the book (read without the lock on the hot path)
@@ -204,7 +233,25 @@ class HoldBook:
         with self._lock:
             now = self._clock()
             self._prune(now)
-            return held_units(self._all(), asker.priority, asker.uid, asker.owner_uid)
+            holds = self._all()
+            yielded = self._yields_to(asker, now) and any(h.kind is HoldKind.RESERVATION for h in holds)
+            if yielded and asker.uid not in self._yielded_to:
+                self._yielded_to[asker.uid] = True
+                self.yields += 1
+                log.info(
+                    "pod %s (%d GPU(s)) waited %.0f s with no room: reservations yield to it (--hold-yield-after %g)",
+                    asker.key or asker.uid,
+                    asker.gpu_count,
+                    now - asker.created,
+                    self.yield_after_s,
+                )
+            return held_units(holds, asker.priority, asker.uid, asker.owner_uid, yielded=yielded)
+
+    def _yields_to(self, asker: Asker, now: float) -> bool:
+        if self.yield_after_s is None or asker.gpu_count is None or not asker.created:
+            return False
+        waited = now - asker.created
+        return reservations_yield(asker.gpu_count, self.min_gpus, waited, self.yield_after_s, asker.found_no_room)
 
     def _all(self) -> list[Hold]:
         return [h for anchor in self._anchors.values() for h in anchor.holds]

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client import Counter
 from prometheus_client import Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
@@ -265,6 +266,13 @@ class _WaitingCollector:
             held.add_metric([str(kind)], units[kind])
         yield holds
         yield held
+        yields = CounterMetricFamily(
+            "gpushare_reservation_yields",
+            "pods that reservations yielded to: small pods kube-scheduler found no room for that waited past "
+            "--hold-yield-after (they may take the held memory)",
+            value=self.cache.holds.yields,
+        )
+        yield yields
         waiting = GaugeMetricFamily(
             "gpushare_waiting_pods", "unbound pods asking GPU memory, by class", labels=["class"]
         )

@@ -171,6 +171,9 @@ class Extender:
             hold_seconds=preemption_hold,
             budgets=budgets,
         )
+        # Reservations may yield to small pods that waited (off unless configured): filter and bind read it.
+        cache.holds.yield_after_s = config.yield_after
+        cache.holds.min_gpus = config.min_gpus
         # Room for pods that waited too long (reservations, consolidation): off unless configured.
         self.starvation = Starvation(
             kube,
@@ -233,7 +236,7 @@ class Extender:
         placement = claims.demand if claims is not None and claims.demand is not None else demand
         if placement is not demand:
             self.cache.note_demand(str((args.pod.get("metadata") or {}).get("uid") or ""), placement)
-        held = self._held(args.pod)
+        held = self._held(args.pod, placement.count)
         if held:
             # Memory held for another pod this one must respect (a preemptor's freed GPU, a reservation):
             # the exact path over the nodes as this pod sees them; the fast paths know no holds.
@@ -267,10 +270,11 @@ class Extender:
             self.preemption.after_filter(args.pod, failed)
         return 200, filter_result(args, passed, failed, unresolvable)
 
-    def _held(self, pod: Mapping[str, Any]) -> dict[str, dict[int, int]]:
-        """node -> GPU index -> units held for other pods that `pod` must respect ({}: none, the usual)."""
+    def _held(self, pod: Mapping[str, Any], gpu_count: int) -> dict[str, dict[int, int]]:
+        """node -> GPU index -> units held for other pods that `pod` (asking `gpu_count` GPUs) must respect
+        ({}: none, the usual)."""
         holds = self.cache.holds
-        return holds.against(Asker.of(pod)) if holds.active else {}
+        return holds.against(Asker.of(pod, gpu_count)) if holds.active else {}
 
     def _best(self, demand: Demand, names: Sequence[str]) -> list[str]:
         if self.index is not None:
@@ -291,7 +295,7 @@ class Extender:
             demand = claims.demand  # a DRA pod: ranked with its claims' GPUs
         if self.leave_room is not None:
             self.leave_room.refresh()
-        entries = self.cache.entries(args.names, self._held(args.pod))
+        entries = self.cache.entries(args.names, self._held(args.pod, demand.count))
         raw = policy_scores(self.policy, demand, entries, self.memo, self.binder.policy_lock)
         return 200, host_priorities(args.names, raw)
 

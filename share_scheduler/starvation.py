@@ -116,11 +116,17 @@ class StarvationConfig:
     refusal_cooldown: float = 600.0  # seconds before a pod is weighed again / a refused pod may be moved again
     leave_room: bool = False  # room for what waits (share_scheduler.leaveroom), lingering as share-sim's does
     leave_room_linger: float = LINGER_S
+    # Reservations yield to a pod of fewer than min_gpus GPUs that kube-scheduler found no room for and that
+    # has waited longer than this (s); None: never (share_core.holds.reservations_yield; share-sim's
+    # `--hold-yield-after`).
+    yield_after: float | None = None
 
     def check(self) -> ReservationLimits:
         """The rules' limits; ValueError naming the first knob out of range."""
         if self.period <= 0 or self.min_gpus < 1:
             raise ValueError("the starvation period must be > 0 and min GPUs >= 1")
+        if self.yield_after is not None and not self.yield_after >= 0:
+            raise ValueError(f"the hold yield bound must be >= 0 seconds (or unset), got {self.yield_after}")
         if not self.leave_room_linger >= 0:
             raise ValueError(f"the leave-room linger must be >= 0 seconds, got {self.leave_room_linger}")
         if self.max_moves < 0 or self.evictions_per_minute < 0 or self.refusal_cooldown < 0:

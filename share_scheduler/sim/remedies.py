@@ -39,6 +39,7 @@ from dataclasses import field
 from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import held_units
+from share_core.holds import reservations_yield
 from share_placement import Demand
 from share_placement import GpuSlot
 from share_placement import NodeState
@@ -145,7 +146,8 @@ class RemedyHooks(TimelineHooks):
         if after is None:
             return False
         a = timeline.arrivals[seq]
-        return timeline.now - a.time > after and timeline.workload.pods[a.pod].count < self.options.min_gpus
+        count = timeline.workload.pods[a.pod].count
+        return reservations_yield(count, self.options.min_gpus, timeline.now - a.time, after)
 
     # --- what a pod sees ---
     def held(self, timeline: Timeline, seq: int) -> dict[int, NodeView] | None:
@@ -168,8 +170,7 @@ class RemedyHooks(TimelineHooks):
         sig = (priority, seq if holder else None, yielded)
         if sig in self._held_cache:
             return self._held_cache[sig]
-        applying = [h for h in holds if h.kind is not HoldKind.RESERVATION] if yielded else holds
-        taken = held_units(applying, priority, uid, now=timeline.now)
+        taken = held_units(holds, priority, uid, now=timeline.now, yielded=yielded)
         out = (
             {self.index[n]: held_view(timeline.cluster.view(self.index[n]), g) for n, g in taken.items()}
             if taken

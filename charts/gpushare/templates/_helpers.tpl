@@ -177,6 +177,9 @@ remedyMinGpus: {{ $r.minGpus }}
 maxReservations: {{ $r.maxPods }}
 reservationShare: {{ $r.maxShare }}
 holdSeconds: {{ $r.holdSeconds }}
+{{- if not (kindIs "invalid" $r.yieldAfterSeconds) }}
+holdYieldAfter: {{ $r.yieldAfterSeconds }}
+{{- end }}
 # Room for what waits: the policy leaves the room waiting multi-GPU pods need (quoted: YAML reads on as true).
 leaveRoom: {{ ternary "on" "off" $r.leaveRoom | quote }}
 consolidation: {{ $c.enabled }}

@@ -7,8 +7,10 @@ import dataclasses
 
 import pytest
 
+from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import held_units
+from share_core.holds import reservations_yield
 from share_placement import BinpackPolicy
 from share_placement import Demand
 from share_placement import GpuSlot
@@ -205,6 +207,31 @@ def test_a_reservation_keeps_same_or_lower_priority_pods_off_its_gpus_only():
     assert held_units([hold], priority=0, uid="small") == {"n0": {g: FULL for g in range(8)}}
     assert held_units([hold], priority=2, uid="urgent") == {}
     assert held_units([hold], priority=1, uid="big") == {}
+
+
+@pytest.mark.parametrize(
+    ("count", "waited_s", "found_no_room", "after", "yields"),
+    [
+        (1, 31.0, True, 30.0, True),  # a share that found no room and waited past the bound
+        (1, 30.0, True, 30.0, False),  # strictly longer: at S = 0 a pod at its first try sees the holds
+        (1, 0.5, True, 0.0, True),  # S = 0: any small pod that already failed once
+        (1, 600.0, False, 30.0, False),  # never found without room (its first try, or it fitted once)
+        (2, 3600.0, True, 0.0, False),  # the pods reservations serve always see them
+        (0, 60.0, True, 30.0, True),  # a CPU-only pod: no GPU taken either way
+        (1, 3600.0, True, None, False),  # not configured: never
+    ],
+)
+def test_reservations_yield_to_small_pods_that_found_no_room_and_waited(count, waited_s, found_no_room, after, yields):
+    assert reservations_yield(count, 2, waited_s, after, found_no_room) is yields
+
+
+def test_a_yielding_reservation_takes_nothing_while_other_holds_still_do():
+    hold = plan_reservations(
+        [waiter("big", EIGHT, priority=1)], nodes_for_reservations(), [], 1000, ReservationLimits(0, 1, 1.0)
+    )[0]
+    freed = Hold(HoldKind.PREEMPTION, "n1", (0,), 5, 1, 10_000.0, "vip")
+    assert held_units([hold, freed], priority=1, uid="small", yielded=True) == {"n1": {0: 5}}
+    assert held_units([hold, freed], priority=1, uid="small")["n0"] == {g: FULL for g in range(8)}
 
 
 def test_limits_refuse_nonsense():

@@ -109,6 +109,22 @@ def test_serve_flags():
     assert (args.port, args.bind_address, args.policy, args.threads) == (8080, "127.0.0.1", "spread", 4)
 
 
+def test_hold_yield_after_flag(capsys):
+    """Unset by default (reservations never yield); a number of seconds; empty is unset; negative refused."""
+    from share_scheduler.cli import starvation_config
+
+    assert starvation_config(build_parser().parse_args([])).yield_after is None
+    assert starvation_config(build_parser().parse_args(["--hold-yield-after", "0"])).yield_after == 0.0
+    assert starvation_config(build_parser().parse_args(["serve", "--hold-yield-after", "90"])).yield_after == 90.0
+    assert build_parser().parse_args(["--hold-yield-after", ""]).hold_yield_after is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--hold-yield-after", "soon"])
+    assert "expected a number of seconds" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hold yield bound"):
+        starvation_config(build_parser().parse_args(["--hold-yield-after", "-5"])).check()
+    assert main(["--hold-yield-after", "-5"]) == 2
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ from share_core.contract import ANN_HOLDS
 from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import encode_holds
+from share_scheduler.starvation import StarvationConfig
 from tests.unit.scheduler.conftest import assigned_pod
 from tests.unit.scheduler.conftest import bind_args
 from tests.unit.scheduler.conftest import filter_args
@@ -130,3 +131,61 @@ def test_a_garbled_holds_annotation_holds_nothing_and_says_why(kube, extender_fa
     wait_until(lambda: "default/big" in ext.cache.holds.problems(), what="the problem recorded")
     assert "'kind' must be one of" in ext.cache.holds.problems()["default/big"]
     assert passes(ext, make_pod("low", 8)) == ["node-a"]
+
+
+def waited(pod, seconds, found_no_room=True):
+    """`pod` created `seconds` ago and, with `found_no_room`, marked by kube-scheduler as unschedulable."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - seconds))
+    pod["metadata"]["creationTimestamp"] = stamp
+    if found_no_room:
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "lastTransitionTime": stamp}
+        ]
+    return pod
+
+
+def yielding(after=30.0, min_gpus=2):
+    return StarvationConfig(yield_after=after, min_gpus=min_gpus)
+
+
+def test_a_reservation_yields_to_a_small_pod_that_found_no_room_and_waited(kube, extender_factory):
+    """share-sim's `--hold-yield-after`, live: GPU 0 is reserved (10 of 16 GiB), GPU 1 has 6 free. An
+    8 GiB share fits only the held GPU; it takes it once kube-scheduler found no room for it and it has
+    waited longer than the bound, and not before (a pod's first try always sees the holds)."""
+    ext = setup(kube, extender_factory, holder(kind=HoldKind.RESERVATION, priority=100), starvation=yielding(30))
+    share = lambda name: with_priority(make_pod(name, 8), 100)  # noqa: E731
+    assert passes(ext, share("fresh")) == []  # its first try: the hold redirects it (nowhere else here)
+    assert passes(ext, waited(share("young"), 10)) == []  # unschedulable, but 10 s is not past 30
+    assert passes(ext, waited(share("untried"), 60, found_no_room=False)) == []  # never found without room
+    small = kube.add_pod(waited(share("small"), 60))
+    assert passes(ext, small) == ["node-a"]
+    assert ext.call("bind", bind_args(small, "node-a"))["Error"] == ""
+    assert kube.pods[("default", "small")]["metadata"]["annotations"]["gpushare.io/gpu-index"] == "0"
+    text = ext.client.get("/metrics").get_data(as_text=True)
+    assert "gpushare_reservation_yields_total 1.0" in text  # one pod, however often it was asked about
+
+
+def test_only_reservations_yield_and_only_to_small_pods_and_only_when_configured(kube, extender_factory):
+    # A preemption's freed GPU stays its preemptor's: the rule is about reservations alone.
+    ext = setup(kube, extender_factory, holder(kind=HoldKind.PREEMPTION, priority=100), starvation=yielding(0))
+    assert passes(ext, waited(with_priority(make_pod("share", 8), 100), 600)) == []
+    ext.stop()
+    kube.delete_pod("default", "big")
+    # Not configured (the default): a reservation never yields.
+    kube.add_pod(holder("big2", kind=HoldKind.RESERVATION, priority=100))
+    plain = extender_factory().wait_ready()
+    wait_until(lambda: plain.cache.holds.active, what="the reservation in the book")
+    assert passes(plain, waited(with_priority(make_pod("share", 8), 100), 600)) == []
+    plain.stop()
+
+
+def test_a_reservation_never_yields_to_the_pods_it_serves(kube, extender_factory):
+    """A pod of min_gpus GPUs or more keeps seeing every reservation, however long it waited: the holds
+    order the big pods among themselves."""
+    ext = setup(
+        kube, extender_factory, holder(kind=HoldKind.RESERVATION, priority=100), busy=(), starvation=yielding(0)
+    )
+    pair = waited(with_priority(make_pod("pair", 16, count=2), 100), 3600)  # 8 GiB on each
+    assert passes(ext, pair) == []  # GPU 0 shows 6 free: the pair needs 8 on each of two
+    solo = waited(with_priority(make_pod("solo", 8, count=1), 100), 3600)
+    assert passes(ext, solo) == ["node-a"]
