@@ -12,7 +12,8 @@ so each scenario takes well under a minute on a quiet machine; timeouts are gene
 - consolidations refused: a PodDisruptionBudget (the Eviction API's 429), a bare pod, a plan that would
   not place the moved pod again;
 - two replicas: only the one beside the leading kube-scheduler holds; the other sees the hold;
-- room left (--leave-room on) for a multi-GPU pod kube-scheduler found no node for, and not without it.
+- room left (--leave-room on) for a multi-GPU pod kube-scheduler found no node for, and not without it;
+- a reservation yielding (--hold-yield-after) to a small pod that found no room and waited past the bound.
 """
 
 from __future__ import annotations
@@ -585,4 +586,56 @@ def test_room_is_left_for_a_multi_gpu_pod_kube_scheduler_found_no_node_for(
     want = f"{ns}-s" if leave_room == "on" else f"{ns}-a"
     assert gpus_of(bound(admin, ns, "second"))[0] == want
     assert pod_node(get(admin, ns, "big")) == ""
+    never_overcommitted(admin, ns)
+
+
+# -- reservations yielding to small pods that waited -------------------------------------------------
+
+
+def test_a_reservation_yields_to_a_small_pod_that_waited_past_the_bound(
+    plane: ControlPlane, chart: dict[str, Any], admin: ApiServerClient, ns: str, stacks: list[Stack], tmp_path: Path
+) -> None:
+    """`--hold-yield-after` live: a pair of whole GPUs waits on a node whose GPU 0 is 12 of 16 GiB taken
+    and is held both GPUs. A 4 GiB share finds no room (every GPU held: kube-scheduler marks it
+    Unschedulable) and waits; once it has waited past the bound, its next try sees the reserved memory as
+    free and it is bound there, while the pair keeps its hold."""
+    bound_s = 8.0
+    create_bare_nodes(admin, [f"{ns}-a"], 2, 16)
+    flags = ["--remedy-min-gpus", "2", "--reserve-after", "2", "--starvation-period", "1", "--hold-seconds", "120",
+             "--reservation-share", "1.0", "--hold-yield-after", str(bound_s)]  # fmt: skip
+    stack = Stack(plane, tmp_path, chart["kubeconfig"], flags)
+    stacks.append(stack)
+    stack.start_scheduler()
+    create(admin, ns, "run0", 12)
+    assert gpus_of(bound(admin, ns, "run0")) == (f"{ns}-a", (0,))
+    create(admin, ns, "pair", 32, annotations={ANN_GPU_COUNT: "2"})
+    hold = wait_for(lambda: holds(admin, ns, "pair"), 60, "a reservation for the pair")[0]
+    assert (hold.kind, hold.node, hold.gpus) == (HoldKind.RESERVATION, f"{ns}-a", (0, 1))
+    wait_for(lambda: stack.inspect()["holds"], 30, "the hold in the extender's book")
+    create(admin, ns, "share", 4)
+    created = time.time()
+    wait_for(lambda: unschedulable(get(admin, ns, "share")), 60, "kube-scheduler to find no room for the share")
+    touched = itertools.count()
+
+    def placed_after_a_retry() -> bool:
+        # Any cluster event sends an unschedulable pod back to kube-scheduler's queue: label the node.
+        body = {"metadata": {"labels": {"gpushare-test/touch": str(next(touched))}}}
+        admin.request("PATCH", f"/api/v1/nodes/{ns}-a", body=body, content_type="application/merge-patch+json")
+        pod = get(admin, ns, "share")
+        if pod_node(pod or {}):
+            return True
+        assert time.time() - created < bound_s + 60, "the share still waits long after the bound"
+        return False
+
+    while time.time() - created < bound_s - 2:  # before the bound, retried, it still sees the holds
+        assert not placed_after_a_retry(), "the share took held memory before it had waited past the bound"
+        time.sleep(1)
+    wait_for(placed_after_a_retry, 90, "the share to take the reserved memory once past the bound")
+    share = get(admin, ns, "share")
+    assert gpus_of(share)[0] == f"{ns}-a"
+    # (creationTimestamp is whole seconds: the extender may count up to a second more than `created` does)
+    assert parse_assignment(pod_annotations(share)).assume_time_ns / 1e9 > created + bound_s - 1.5
+    assert "gpushare_reservation_yields_total 1.0" in stack.metrics()
+    assert pod_node(get(admin, ns, "pair")) == "" and holds(admin, ns, "pair")  # the pair still holds
+    assert stack.extender is not None and "reservations yield to it" in stack.extender.log_tail(200)
     never_overcommitted(admin, ns)
