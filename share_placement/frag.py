@@ -506,14 +506,16 @@ class FragPolicy(ViewPolicy):
         return -(delta_f + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
     def _evaluate_host(self, view: NodeView, demand: Demand, elig: list[int], pricer: Pricer) -> Evaluation:
-        """`_evaluate` with CPU known, for a CPU-only or single-GPU demand when every learned group is
-        single-GPU: the same candidates, the same exact integer prices, in one pass over the GPUs.
+        """`_evaluate` with CPU known, for a CPU-only or single-GPU demand: the same candidates, the same
+        exact integer prices, in one pass over the GPUs.
 
         `fragmentation_units` is then a sum over the node's GPUs (`Pricer.gpu_terms`, memoised per
-        (model, free) and CPU class) and one division for the node's CPU; a candidate changes one
-        GPU's terms. The host-aware gap price's stranded part is a sum over the node's partly used GPUs
-        less the candidate's own. The general path recounts both per candidate (tests/unit/placement:
-        `test_host_fast_path_*` check the two give the same evaluation)."""
+        (model, free) and CPU class) plus, per multi-GPU key, a term of the node's (room, usable) for
+        the key (`Pricer.key_terms`), and one division for the node's CPU; a candidate changes one
+        GPU's terms and, for the keys it had room for, the key's usable capacity (or its room, where the
+        share takes it below the key's per_gpu). The host-aware gap price's stranded part is a sum over
+        the node's partly used GPUs less the candidate's own. The general path recounts both per
+        candidate (tests/unit/placement: `test_host_fast_path_*` check the two give the same evaluation)."""
         gpus, cpu_free, mem_free = view
         assert cpu_free is not None
         per = demand.per_gpu
@@ -559,6 +561,7 @@ class FragPolicy(ViewPolicy):
         best = False
         seen = set()
         priced = hosted and per in gp.price  # type: ignore[union-attr]
+        keyed = pricer.node_keys(gpus) if pricer.keys else None
         for i in elig:
             g = gpus[i]
             if g in seen:
@@ -568,6 +571,21 @@ class FragPolicy(ViewPolicy):
             if move is None:
                 move = pricer.share_move(moves, g, per, cls_after, *sets)
             dk, dfill, dneed, own, strand = move
+            if keyed is not None:  # the keys this GPU had room for: their part after the share
+                m, f = g
+                a_left = f - per
+                for k, q in pricer.keys_for(m):
+                    if q > f:
+                        break
+                    room, usable = keyed[k]
+                    a0, f0, n0 = pricer.key_terms(k, cls_after, room)
+                    if a_left >= q:
+                        dk -= a0 * per
+                    else:
+                        a1, f1_, n1_ = pricer.key_terms(k, cls_after, room - 1)
+                        dk += a1 * (usable - f) - a0 * usable
+                        dfill += f1_ - f0
+                        dneed += n1_ - n0
             if total_after == 0:
                 d = -before
             else:
@@ -600,7 +618,7 @@ class FragPolicy(ViewPolicy):
         if elig is None:
             return None
         gpus, cpu_free, _ = view
-        if cpu_free is not None and demand.count <= 1 and not pricer.keys and self.fast_host:
+        if cpu_free is not None and demand.count <= 1 and self.fast_host:
             return self._evaluate_host(view, demand, elig, pricer)
         table = pricer.table
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu

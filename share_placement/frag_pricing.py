@@ -182,6 +182,12 @@ class Pricer:
         self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
         self._gpu_terms: dict[int, _GpuTerms] = {}
         self._node_sums: dict[tuple[GpuView, int], tuple[int, int, int, int]] = {}
+        # With keys, the host path adds the multi-GPU groups' part per key (`key_terms`, `node_keys`).
+        self._key_table_groups = tuple(
+            tuple(g for g in table.groups if g.count != 1 and (g.models, g.per_gpu) == key) for key in self.keys
+        )
+        self._key_terms: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        self._node_keys: dict[GpuView, KeySums] = {}
         # (group aggregates, CPU class or -1) -> `fragmentation_sums` (FragPolicy._units).
         self.class_sums: dict[tuple[tuple, int], tuple[int, int, int]] = {}
         self._host_values: dict[tuple[int, frozenset[int]], int] = {}
@@ -199,14 +205,47 @@ class Pricer:
             thr = self._cpu_breaks[cls - 1] if cls else None
             okw = []
             for g in self.table.groups:
+                if g.count != 1:
+                    continue  # the multi-GPU groups are the keys' (`key_terms`)
                 j = 0 if thr is None else bisect_right(g.cpus, thr)
                 okw.append((g.models, g.per_gpu, g.wcum[j], g.wcpu[j]))
             d = self._gpu_terms[cls] = _GpuTerms(tuple(okw))
         return d
 
+    def key_terms(self, k: int, cls: int, room: int) -> tuple[int, int, int]:
+        """What the multi-GPU groups of key `k` add to `fragmentation_sums`' (kept, fill, need) on a node
+        of CPU class `cls` with `room` GPUs with room for the key: (A, F, N), the node keeping
+        `A x usable` (before the keep weight) and `F` of fill, asking `N` of CPU (a group below its count
+        of GPUs adds nothing), whatever GPUs hold that room."""
+        key = (k, cls, room)
+        v = self._key_terms.get(key)
+        if v is None:
+            thr = self._cpu_breaks[cls - 1] if cls else None
+            per = self.keys[k][1]
+            a = fill = need = 0
+            for g in self._key_table_groups[k]:
+                if room < g.count:
+                    continue
+                j = 0 if thr is None else bisect_right(g.cpus, thr)
+                ok, slots = g.wcum[j], room // g.count
+                a += ok
+                fill += ok * per * g.count * slots
+                need += g.wcpu[j] * slots
+            v = self._key_terms[key] = (a, fill, need)
+        return v
+
+    def node_keys(self, gpus: GpuView) -> KeySums:
+        """`key_sums` of a node state, memoised per state (the host path reads it for every demand)."""
+        v = self._node_keys.get(gpus)
+        if v is None:
+            if len(self._node_keys) >= MEMO_LIMIT:
+                self._node_keys.clear()
+            v = self._node_keys[gpus] = self.key_sums(gpus)
+        return v
+
     def host_units(self, total: int, kept_usable: int, fill: int, need: int, cpu: int) -> int:
-        """`fragmentation_units` of a node with CPU known and only single-GPU groups, from the sums of
-        its GPUs' `_GpuTerms` (`kept_usable`, `fill`, `need`) under its CPU class: the same integers."""
+        """`fragmentation_units` of a node with CPU known, from the sums of its GPUs' `_GpuTerms` and its
+        keys' `key_terms` (`kept_usable`, `fill`, `need`) under its CPU class: the same integers."""
         table = self.table
         if total == 0 or not table.groups:
             return 0
@@ -215,7 +254,8 @@ class Pricer:
         return total * self.total_w - (self.keep_w * kept_usable + self.wa * fill)
 
     def node_sums(self, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
-        """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs), memoised per node state."""
+        """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs plus its keys' `key_terms`),
+        memoised per node state."""
         key = (gpus, cls)
         v = self._node_sums.get(key)
         if v is None:
@@ -227,6 +267,12 @@ class Pricer:
                 fill += a
                 need += n
                 total += g[1]
+            if self.keys:
+                for k, (room, usable) in enumerate(self.node_keys(gpus)):
+                    a, f, n = self.key_terms(k, cls, room)
+                    kept += a * usable
+                    fill += f
+                    need += n
             if len(self._node_sums) >= MEMO_LIMIT:
                 self._node_sums.clear()
             v = self._node_sums[key] = (total, kept, fill, need)

@@ -1,5 +1,6 @@
-"""frag's host fast path (`FragPolicy._evaluate_host`, single-GPU classes with CPU known) decides exactly
-as the full recount: the same score and GPUs on random nodes, the same node pod after pod."""
+"""frag's host fast path (`FragPolicy._evaluate_host`, CPU-only and single-GPU pods with CPU known, the
+learned workload with or without multi-GPU classes) decides exactly as the full recount: the same score
+and GPUs on random nodes, the same node pod after pod."""
 
 from __future__ import annotations
 
@@ -22,19 +23,26 @@ def single_gpu_table(rng: random.Random, unit: int) -> dict:
     return {k: n for k, n in random_table(rng, unit, cpu=True).items() if k[1] == 1} or {(unit // 4, 1, (), 2000): 3.0}
 
 
+def learned_table(rng: random.Random, unit: int, with_keys: bool) -> dict:
+    """Single-GPU classes only, or any classes (multi-GPU ones too, some restricted to a model: the keys)."""
+    return random_table(rng, unit, cpu=True) if with_keys else single_gpu_table(rng, unit)
+
+
+@pytest.mark.parametrize("with_keys", [False, True], ids=["single-gpu-classes", "multi-gpu-keys"])
 @pytest.mark.parametrize("seed", range(4))
-def test_host_fast_path_evaluates_as_the_recount(seed):
+def test_host_fast_path_evaluates_as_the_recount(seed, with_keys):
     """With CPU known: the one-pass path (`_evaluate_host`) gives the very evaluation the general path
     gives (every candidate recounted), and both equal the reference recount, for CPU-only and
-    single-GPU demands on random nodes, with and without the host-aware gap price."""
-    rng = random.Random(100 + seed)
-    taken = 0
+    single-GPU demands on random nodes, with and without the host-aware gap price, with and without
+    multi-GPU classes learned (whose keys a share may keep room for or cross)."""
+    rng = random.Random(100 + seed + (50 if with_keys else 0))
+    taken = keyed = 0
     for _ in range(40):
         unit = rng.choice((80, 1000))
         fast = FragPolicy(host_quantile=rng.choice((0.5, 0.5, None)))
         slow = FragPolicy(host_quantile=fast.host_quantile)
         slow.fast_host = False
-        table = single_gpu_table(rng, unit)
+        table = learned_table(rng, unit, with_keys)
         observed = taught(fast, table, random.Random(seed), cpu=True)
         taught(slow, table, random.Random(seed), cpu=True)
         for _ in range(40):
@@ -47,25 +55,30 @@ def test_host_fast_path_evaluates_as_the_recount(seed):
             per = rng.choice((unit // 20, unit // 10, unit // 4, unit // 2, unit)) if count else 0
             models = (rng.choice(MODELS).lower(),) if rng.random() < 0.2 else ()
             d = Demand(per, count, models, rng.choice((0, 500, 2000, 4000)), rng.choice((0, 1000, 2000)))
-            assert fast._pricer.keys == ()
+            assert with_keys or fast._pricer.keys == ()
             ev = fast.evaluate(view, d)
             assert ev == slow.evaluate(view, d), (view, d)
             if fast.host_quantile is not None:
                 assert ev == reference_evaluate(fast, view, d, observed), (view, d)
             taken += ev is not None
+            keyed += ev is not None and bool(fast._pricer.keys)
     assert taken > 500
+    assert keyed > 300 if with_keys else keyed == 0
 
 
+@pytest.mark.parametrize("with_keys", [False, True], ids=["single-gpu-classes", "multi-gpu-keys"])
 @pytest.mark.parametrize("seed", range(3))
-def test_host_fast_path_picks_the_node_the_recount_picks(seed):
+def test_host_fast_path_picks_the_node_the_recount_picks(seed, with_keys):
     """Random clusters, CPU known: the node (highest score, first on ties) and the GPU frag chooses
     with the one-pass path are those it chooses recounting every candidate, demand after demand as
     the pods land (so the learned workload and the nodes move)."""
-    rng = random.Random(200 + seed)
+    rng = random.Random(200 + seed + (50 if with_keys else 0))
     unit = 80
     fast, slow = FragPolicy(), FragPolicy()
     slow.fast_host = False
-    table = single_gpu_table(rng, unit)
+    table = learned_table(rng, unit, with_keys)
+    if with_keys:
+        table[(unit, 2, (), 4000)] = 3.0  # a pair of whole GPUs, as openb's: a key every share may cross
     taught(fast, table, random.Random(seed), cpu=True)
     taught(slow, table, random.Random(seed), cpu=True)
     nodes = [
