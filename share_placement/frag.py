@@ -505,7 +505,7 @@ class FragPolicy(ViewPolicy):
             delta_f += self.pressure * self.model_pressure(gpus[chosen[0]][0]) * per * len(chosen)
         return -(delta_f + 1e-7 * left + 1e-10 * (node_left + cpu_term)), chosen
 
-    def _evaluate_host(self, view: NodeView, demand: Demand, elig: list[int], pricer: Pricer) -> Evaluation:
+    def _evaluate_host(self, view: NodeView, demand: Demand, pricer: Pricer) -> Evaluation:
         """`_evaluate` with CPU known, for a CPU-only or single-GPU demand: the same candidates, the same
         exact integer prices, in one pass over the GPUs.
 
@@ -518,13 +518,23 @@ class FragPolicy(ViewPolicy):
         candidate (tests/unit/placement: `test_host_fast_path_*` check the two give the same evaluation)."""
         gpus, cpu_free, mem_free = view
         assert cpu_free is not None
-        per = demand.per_gpu
+        if cpu_free < demand.cpu or (mem_free is not None and mem_free < demand.memory):
+            return None  # `eligible_positions`' host test
+        per, models = demand.per_gpu, demand.models
+        facts = pricer.host_facts(gpus)
+        if demand.count:  # the candidates: each distinct GPU state with room, at its first position
+            if models:
+                elig = [(g, i) for g, i in facts.distinct if g[1] >= per and model_allowed(models, g[0])]
+            else:
+                elig = [(g, i) for g, i in facts.distinct if g[1] >= per]
+            if not elig:
+                return None
         cpu_after = cpu_free - demand.cpu
         cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
-        total, kept, fill, need = pricer.node_sums(gpus, cls)
+        total, kept, fill, need = pricer.facts_sums(facts, gpus, cls)
         before = pricer.host_units(total, kept, fill, need, cpu_free)
         if cls_after != cls:
-            _, kept, fill, need = pricer.node_sums(gpus, cls_after)
+            _, kept, fill, need = pricer.facts_sums(facts, gpus, cls_after)
         if self.host_quantile is not None and pricer.host_needs is None:
             pricer.host_needs = self.host_needs()
         gp = pricer.gap_prices()
@@ -533,13 +543,11 @@ class FragPolicy(ViewPolicy):
         moved = False
         if hosted:
             assert gp is not None
-            cap = gp.capacity
             before_set = pricer.hostable(cpu_free, mem_free)
             after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
             if before_set is not after_set:
                 moved = True
-                hv = pricer.host_value
-                stranded = sum(hv(f, before_set) - hv(f, after_set) for _, f in gpus if 0 < f < cap)
+                stranded = pricer.stranded(facts, gpus, before_set, after_set)
         if demand.count == 0:
             after = pricer.host_units(total, kept, fill, need, cpu_after)
             if stranded:
@@ -559,14 +567,9 @@ class FragPolicy(ViewPolicy):
         host_units = pricer._host_units
         best_d = best_left = best_i = 0
         best = False
-        seen = set()
         priced = hosted and per in gp.price  # type: ignore[union-attr]
-        keyed = pricer.node_keys(gpus) if pricer.keys else None
-        for i in elig:
-            g = gpus[i]
-            if g in seen:
-                continue
-            seen.add(g)
+        keyed = facts.keyed
+        for g, i in elig:
             move = moves.get(g)
             if move is None:
                 move = pricer.share_move(moves, g, per, cls_after, *sets)
@@ -614,12 +617,12 @@ class FragPolicy(ViewPolicy):
             if demand.count == 1:
                 return self._evaluate_one_gpu(view, demand, pricer)
             return self._evaluate_gpus(view, demand, pricer)
+        gpus, cpu_free, _ = view
+        if cpu_free is not None and demand.count <= 1 and self.fast_host:
+            return self._evaluate_host(view, demand, pricer)
         elig = eligible_positions(view, demand)
         if elig is None:
             return None
-        gpus, cpu_free, _ = view
-        if cpu_free is not None and demand.count <= 1 and self.fast_host:
-            return self._evaluate_host(view, demand, elig, pricer)
         table = pricer.table
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu
         node_free = sum(f for _, f in gpus)

@@ -115,6 +115,25 @@ def key_change(frees: Iterable[int], per: int, q: int) -> tuple[int, int]:
     return dr, du
 
 
+class HostFacts:
+    """What the host path (`FragPolicy._evaluate_host`) reads of one node's GPUs whatever the pod: kept per
+    GPU state, since the timeline prices each state for many demands and CPU states."""
+
+    __slots__ = ("distinct", "keyed", "partial", "strands", "sums", "total")
+
+    def __init__(self, gpus: GpuView, keyed: KeySums | None) -> None:
+        self.total = sum(f for _, f in gpus)
+        # Each distinct GPU state once with its first position, in position order (the candidates).
+        first: dict[tuple[str, int], int] = {}
+        for i, g in enumerate(gpus):
+            first.setdefault(g, i)
+        self.distinct = tuple(first.items())
+        self.keyed = keyed
+        self.partial: tuple[int, ...] | None = None  # frees of the partly used GPUs (below the gap capacity)
+        self.sums: dict[int, tuple[int, int, int, int]] = {}  # CPU class -> `Pricer.node_sums`
+        self.strands: dict[tuple[frozenset[int], frozenset[int]], int] = {}  # hostable sets -> stranded
+
+
 class Pricer:
     """`fragmentation_units` changes without CPU information (the extender's case), in O(1) per GPU.
 
@@ -182,12 +201,12 @@ class Pricer:
         self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
         self._gpu_terms: dict[int, _GpuTerms] = {}
         self._node_sums: dict[tuple[GpuView, int], tuple[int, int, int, int]] = {}
-        # With keys, the host path adds the multi-GPU groups' part per key (`key_terms`, `node_keys`).
+        # With keys, the host path adds the multi-GPU groups' part per key (`key_terms`, `HostFacts.keyed`).
         self._key_table_groups = tuple(
             tuple(g for g in table.groups if g.count != 1 and (g.models, g.per_gpu) == key) for key in self.keys
         )
         self._key_terms: dict[tuple[int, int, int], tuple[int, int, int]] = {}
-        self._node_keys: dict[GpuView, KeySums] = {}
+        self._host_facts: dict[GpuView, HostFacts] = {}
         # (group aggregates, CPU class or -1) -> `fragmentation_sums` (FragPolicy._units).
         self.class_sums: dict[tuple[tuple, int], tuple[int, int, int]] = {}
         self._host_values: dict[tuple[int, frozenset[int]], int] = {}
@@ -234,15 +253,6 @@ class Pricer:
             v = self._key_terms[key] = (a, fill, need)
         return v
 
-    def node_keys(self, gpus: GpuView) -> KeySums:
-        """`key_sums` of a node state, memoised per state (the host path reads it for every demand)."""
-        v = self._node_keys.get(gpus)
-        if v is None:
-            if len(self._node_keys) >= MEMO_LIMIT:
-                self._node_keys.clear()
-            v = self._node_keys[gpus] = self.key_sums(gpus)
-        return v
-
     def host_units(self, total: int, kept_usable: int, fill: int, need: int, cpu: int) -> int:
         """`fragmentation_units` of a node with CPU known, from the sums of its GPUs' `_GpuTerms` and its
         keys' `key_terms` (`kept_usable`, `fill`, `need`) under its CPU class: the same integers."""
@@ -252,6 +262,38 @@ class Pricer:
         if need > cpu * table.weight:
             fill = fill * cpu * table.weight // need
         return total * self.total_w - (self.keep_w * kept_usable + self.wa * fill)
+
+    def host_facts(self, gpus: GpuView) -> HostFacts:
+        """`HostFacts` of a node's GPUs under this table, memoised per GPU state."""
+        v = self._host_facts.get(gpus)
+        if v is None:
+            if len(self._host_facts) >= MEMO_LIMIT:
+                self._host_facts.clear()
+            v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None)
+        return v
+
+    def facts_sums(self, facts: HostFacts, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
+        """`node_sums(gpus, cls)` kept in the node's facts."""
+        v = facts.sums.get(cls)
+        if v is None:
+            v = facts.sums[cls] = self.node_sums(gpus, cls)
+        return v
+
+    def stranded(self, facts: HostFacts, gpus: GpuView, before: frozenset[int], after: frozenset[int]) -> int:
+        """`_stranded` over every partly used GPU of the node (none chosen), kept in its facts per pair
+        of (interned) hostable sets."""
+        key = (before, after)
+        v = facts.strands.get(key)
+        if v is None:
+            gp = self._gap_prices
+            assert gp is not None
+            partial = facts.partial
+            if partial is None:
+                cap = gp.capacity
+                partial = facts.partial = tuple(f for _, f in gpus if 0 < f < cap)
+            hv = self.host_value
+            v = facts.strands[key] = sum(hv(f, before) - hv(f, after) for f in partial)
+        return v
 
     def node_sums(self, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
         """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs plus its keys' `key_terms`),
@@ -268,7 +310,7 @@ class Pricer:
                 need += n
                 total += g[1]
             if self.keys:
-                for k, (room, usable) in enumerate(self.node_keys(gpus)):
+                for k, (room, usable) in enumerate(self.host_facts(gpus).keyed or ()):
                     a, f, n = self.key_terms(k, cls, room)
                     kept += a * usable
                     fill += f
