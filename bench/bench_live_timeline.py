@@ -16,7 +16,8 @@ seconds. Prints a table, then one JSON object as the last line.
 `--remedies`: `chart` (default) runs the extender as the chart configures it and share-sim without
 remedies; `off` turns reservations and room-leaving off in the extender; `on` turns on reservations
 and room-leaving on both sides with the same knobs, their times (`--reserve-after`, `--hold-seconds`,
-`--remedy-period`, `--linger`, in simulated seconds) divided by --compression for the live extender,
+`--remedy-period`, `--linger`, and `--hold-yield-after` when given, in simulated seconds) divided by
+--compression for the live extender,
 which acts as a lone replica (no leader Lease: the harness's kube-scheduler runs without leader
 election, and with the chart's Lease the extender would never act on its own).
 Consolidation stays off: the replay's pods are bare (no controller recreates an evicted one), so the
@@ -116,7 +117,8 @@ def remedy_options(args: argparse.Namespace) -> RemedyOptions | None:
     limits = ReservationLimits(after_s=args.reserve_after, max_holds=d.max_holds, max_share=d.max_share,
                                ttl_s=args.hold_seconds)  # fmt: skip
     return RemedyOptions(leave_room=True, reserve=True, consolidate=False, limits=limits,
-                         tick_s=args.remedy_period, linger_s=args.linger)  # fmt: skip
+                         tick_s=args.remedy_period, linger_s=args.linger,
+                         yield_after_s=args.hold_yield_after)  # fmt: skip
 
 
 def extender_flags(args: argparse.Namespace) -> list[str]:
@@ -134,7 +136,8 @@ def extender_flags(args: argparse.Namespace) -> list[str]:
             "--reserve-after", live(o.limits.after_s), "--hold-seconds", live(o.limits.ttl_s),
             "--max-reservations", str(o.limits.max_holds), "--reservation-share", f"{o.limits.max_share:g}",
             "--remedy-min-gpus", str(o.min_gpus), "--starvation-period", live(o.tick_s),
-            "--leave-room-linger", live(o.linger_s)]  # fmt: skip
+            "--leave-room-linger", live(o.linger_s),
+            "--hold-yield-after", "" if o.yield_after_s is None else live(o.yield_after_s)]  # fmt: skip
 
 
 def main() -> int:
@@ -154,6 +157,12 @@ def main() -> int:
     ap.add_argument("--hold-seconds", type=float, default=1200.0, help="simulated s one hold lasts")
     ap.add_argument("--remedy-period", type=float, default=30.0, help="simulated s between the remedies' passes")
     ap.add_argument("--linger", type=float, default=600.0, help="simulated s room is left after a shape waited")
+    ap.add_argument(
+        "--hold-yield-after",
+        type=float,
+        default=None,
+        help="simulated s after which reservations yield to a small pod that found no room (default: never)",
+    )
     args = ap.parse_args()
     if not args.compression > 0:
         ap.error("--compression must be positive")

@@ -24,9 +24,9 @@ scheduler:
 bench = load_bench("bench_live_timeline")
 
 
-def args(remedies: str, compression: float = 6.0) -> argparse.Namespace:
+def args(remedies: str, compression: float = 6.0, hold_yield_after: float | None = None) -> argparse.Namespace:
     return argparse.Namespace(remedies=remedies, compression=compression, reserve_after=120.0, hold_seconds=1200.0,
-                              remedy_period=30.0, linger=600.0)  # fmt: skip
+                              remedy_period=30.0, linger=600.0, hold_yield_after=hold_yield_after)  # fmt: skip
 
 
 def extender_args(flags: list[str], tmp_path: Path) -> argparse.Namespace:
@@ -51,6 +51,15 @@ def test_remedies_on_gives_both_sides_the_same_knobs_the_live_ones_on_its_clock(
     )
     # A lone replica: with the chart's Lease and a kube-scheduler that holds none it would never act.
     assert live.leader_lease == ""
+    assert (sim.yield_after_s, live.hold_yield_after) == (None, None)  # reservations never yield unless asked
+
+
+@pytest.mark.parametrize("after", [0.0, 60.0])
+def test_the_yield_bound_reaches_both_sides(after, tmp_path):
+    a = args("on", hold_yield_after=after)
+    sim = bench.remedy_options(a)
+    assert sim is not None and sim.yield_after_s == after
+    assert extender_args(bench.extender_flags(a), tmp_path).hold_yield_after == pytest.approx(after / 6.0)
 
 
 def test_remedies_off_turns_them_off_and_chart_leaves_the_chart_alone(tmp_path):
