@@ -234,7 +234,10 @@ class HoldBook:
             now = self._clock()
             self._prune(now)
             holds = self._all()
-            yielded = self._yields_to(asker, now) and any(h.kind is HoldKind.RESERVATION for h in holds)
+            yielded = self._yields_to(asker, now) and any(
+                h.kind is HoldKind.RESERVATION and h.applies_to(asker.priority, asker.uid, asker.owner_uid)
+                for h in holds
+            )
             if yielded and asker.uid not in self._yielded_to:
                 self._yielded_to[asker.uid] = True
                 self.yields += 1
