@@ -14,6 +14,9 @@ so each scenario takes well under a minute on a quiet machine; timeouts are gene
 - two replicas: only the one beside the leading kube-scheduler holds; the other sees the hold;
 - room left (--leave-room on) for a multi-GPU pod kube-scheduler found no node for, and not without it;
 - a reservation yielding (--hold-yield-after) to a small pod that found no room and waited past the bound.
+
+One piece: every scenario runs on the module's one control plane with the chart's RBAC installed once (the
+module-scoped fixtures, and the Stack, Stream and helpers they share); split, each part would start its own.
 """
 
 from __future__ import annotations
