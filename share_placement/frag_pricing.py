@@ -267,7 +267,7 @@ class Pricer:
         """`HostFacts` of a node's GPUs under this table, memoised per GPU state."""
         v = self._host_facts.get(gpus)
         if v is None:
-            if len(self._host_facts) >= MEMO_LIMIT:
+            if len(self._host_facts) >= FACTS_LIMIT:
                 self._host_facts.clear()
             v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None)
         return v
@@ -276,7 +276,7 @@ class Pricer:
         """`node_sums(gpus, cls)` kept in the node's facts."""
         v = facts.sums.get(cls)
         if v is None:
-            v = facts.sums[cls] = self.node_sums(gpus, cls)
+            v = facts.sums[cls] = self._sum_terms(gpus, cls, facts.keyed)
         return v
 
     def stranded(self, facts: HostFacts, gpus: GpuView, before: frozenset[int], after: frozenset[int]) -> int:
@@ -301,24 +301,27 @@ class Pricer:
         key = (gpus, cls)
         v = self._node_sums.get(key)
         if v is None:
-            terms = self.gpu_terms(cls)
-            kept = fill = need = total = 0
-            for g in gpus:
-                k, a, n = terms[g]
-                kept += k
-                fill += a
-                need += n
-                total += g[1]
-            if self.keys:
-                for k, (room, usable) in enumerate(self.host_facts(gpus).keyed or ()):
-                    a, f, n = self.key_terms(k, cls, room)
-                    kept += a * usable
-                    fill += f
-                    need += n
+            v = self._sum_terms(gpus, cls, self.key_sums(gpus) if self.keys else None)
             if len(self._node_sums) >= MEMO_LIMIT:
                 self._node_sums.clear()
-            v = self._node_sums[key] = (total, kept, fill, need)
+            self._node_sums[key] = v
         return v
+
+    def _sum_terms(self, gpus: GpuView, cls: int, keyed: KeySums | None) -> tuple[int, int, int, int]:
+        terms = self.gpu_terms(cls)
+        kept = fill = need = total = 0
+        for g in gpus:
+            k, a, n = terms[g]
+            kept += k
+            fill += a
+            need += n
+            total += g[1]
+        for k, (room, usable) in enumerate(keyed or ()):
+            a, f, n = self.key_terms(k, cls, room)
+            kept += a * usable
+            fill += f
+            need += n
+        return total, kept, fill, need
 
     def host_value(self, free: int, sizes: frozenset[int]) -> int:
         """`GapPrices.host_value`, memoised per (free, interned set)."""
@@ -784,6 +787,8 @@ def quantile(counted: list[tuple[int, int]], q: float) -> int:
 
 # Entries kept in each memo of frag's (the pricer's node signatures, FragPolicy's evaluations).
 MEMO_LIMIT = 400_000
+# `HostFacts` kept (about a kilobyte each with their dicts): far more than a cluster's live GPU states.
+FACTS_LIMIT = 50_000
 
 
 def lazy_table(tables: dict[Any, dict], key: Any, limit: int = 1024) -> dict:
