@@ -531,10 +531,10 @@ class FragPolicy(ViewPolicy):
                 return None
         cpu_after = cpu_free - demand.cpu
         cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
-        total, kept, fill, need = pricer.facts_sums(facts, gpus, cls)
+        total, kept, fill, need = pricer.node_sums(gpus, cls, facts)
         before = pricer.host_units(total, kept, fill, need, cpu_free)
         if cls_after != cls:
-            _, kept, fill, need = pricer.facts_sums(facts, gpus, cls_after)
+            _, kept, fill, need = pricer.node_sums(gpus, cls_after, facts)
         if self.host_quantile is not None and pricer.host_needs is None:
             pricer.host_needs = self.host_needs()
         gp = pricer.gap_prices()

@@ -119,10 +119,9 @@ class HostFacts:
     """What the host path (`FragPolicy._evaluate_host`) reads of one node's GPUs whatever the pod: kept per
     GPU state, since the timeline prices each state for many demands and CPU states."""
 
-    __slots__ = ("distinct", "keyed", "partial", "strands", "sums", "total")
+    __slots__ = ("distinct", "keyed", "partial", "strands", "sums")
 
     def __init__(self, gpus: GpuView, keyed: KeySums | None) -> None:
-        self.total = sum(f for _, f in gpus)
         # Each distinct GPU state once with its first position, in position order (the candidates).
         first: dict[tuple[str, int], int] = {}
         for i, g in enumerate(gpus):
@@ -200,7 +199,6 @@ class Pricer:
         # node's GPUs of terms that depend on the GPU and on which classes' CPU fits (`cpu_class`).
         self._cpu_breaks = tuple(sorted({c for g in table.groups for c in g.cpus}))
         self._gpu_terms: dict[int, _GpuTerms] = {}
-        self._node_sums: dict[tuple[GpuView, int], tuple[int, int, int, int]] = {}
         # With keys, the host path adds the multi-GPU groups' part per key (`key_terms`, `HostFacts.keyed`).
         self._key_table_groups = tuple(
             tuple(g for g in table.groups if g.count != 1 and (g.models, g.per_gpu) == key) for key in self.keys
@@ -272,8 +270,11 @@ class Pricer:
             v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None)
         return v
 
-    def facts_sums(self, facts: HostFacts, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
-        """`node_sums(gpus, cls)` kept in the node's facts."""
+    def node_sums(self, gpus: GpuView, cls: int, facts: HostFacts | None = None) -> tuple[int, int, int, int]:
+        """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs plus its keys' `key_terms`),
+        kept in the node's `HostFacts` (`facts`: the caller's, already looked up)."""
+        if facts is None:
+            facts = self.host_facts(gpus)
         v = facts.sums.get(cls)
         if v is None:
             v = facts.sums[cls] = self._sum_terms(gpus, cls, facts.keyed)
@@ -293,18 +294,6 @@ class Pricer:
                 partial = facts.partial = tuple(f for _, f in gpus if 0 < f < cap)
             hv = self.host_value
             v = facts.strands[key] = sum(hv(f, before) - hv(f, after) for f in partial)
-        return v
-
-    def node_sums(self, gpus: GpuView, cls: int) -> tuple[int, int, int, int]:
-        """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs plus its keys' `key_terms`),
-        memoised per node state."""
-        key = (gpus, cls)
-        v = self._node_sums.get(key)
-        if v is None:
-            v = self._sum_terms(gpus, cls, self.key_sums(gpus) if self.keys else None)
-            if len(self._node_sums) >= MEMO_LIMIT:
-                self._node_sums.clear()
-            self._node_sums[key] = v
         return v
 
     def _sum_terms(self, gpus: GpuView, cls: int, keyed: KeySums | None) -> tuple[int, int, int, int]:

@@ -81,14 +81,13 @@ class Asker:
 class HoldBook:
     """Thread-safe; every method is cheap (holds are few: bounded per pod and by their writers)."""
 
-    def __init__(
-        self, clock: Callable[[], float] = time.time, yield_after_s: float | None = None, min_gpus: int = 2
-    ) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock  # wall clock: expiries are absolute times written on the API server
         # Reservations yield to a pod of fewer than `min_gpus` GPUs that kube-scheduler found no room for and
         # that has waited (since its creation) longer than this; None: never (share_core.holds.reservations_yield).
-        self.yield_after_s = yield_after_s
-        self.min_gpus = min_gpus
+        # The extender sets both from its StarvationConfig.
+        self.yield_after_s: float | None = None
+        self.min_gpus = 2
         self.yields = 0  # pods reservations yielded to (a metric: how often small pods were let into held room)
         self._yielded_to: TTLCache[str, bool] = TTLCache(maxsize=YIELDS_REMEMBERED, ttl=3600.0)
         self._lock = threading.Lock()
