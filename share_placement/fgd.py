@@ -52,6 +52,10 @@ class TypicalPods:
     groups: tuple[ClassGroup, ...]
     cpu_only: float  # probability mass of CPU-only classes (all free GPU capacity is theirs to strand)
     classes: int  # how many classes survived the popularity cut
+    # Every group's CPU asks, sorted: free CPU enters `fgd_fragmentation` only through each group's
+    # `bisect_right(g.cpus, cpu_free)`, so nodes whose free CPU falls between the same two of these count
+    # alike (`FgdPolicy.node_fragmentation`'s memo: a churning cluster has a new free CPU at every event).
+    cpu_cuts: tuple[int, ...] = ()
 
     @staticmethod
     def from_counts(counts: dict[ClassKey, float], popularity: float) -> TypicalPods:
@@ -76,7 +80,7 @@ class TypicalPods:
             ClassGroup(g.models, g.per_gpu, g.count, g.prob * scale, g.cpus, tuple(c * scale for c in g.cum))
             for g in table.groups
         )
-        return TypicalPods(groups, cpu_only, len(kept))
+        return TypicalPods(groups, cpu_only, len(kept), tuple(sorted({c for g in groups for c in g.cpus})))
 
 
 def fgd_fragmentation(gpus: GpuView, cpu_free: int | None, typical: TypicalPods) -> float:
@@ -147,10 +151,11 @@ class FgdPolicy(ViewPolicy):
         self._eval_memo = {}
 
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
-        key = (tuple(sorted(gpus)), cpu_free)
+        typical = self.typical  # refresh first: the CPU classes below belong to the current workload
+        key = (tuple(sorted(gpus)), None if cpu_free is None else bisect_right(typical.cpu_cuts, cpu_free))
         v = self._memo.get(key)
         if v is None:
-            v = fgd_fragmentation(gpus, cpu_free, self.typical)
+            v = fgd_fragmentation(gpus, cpu_free, typical)
             if len(self._memo) >= self.MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = v

@@ -99,3 +99,24 @@ def test_bad_options_are_clear_errors():
         FgdPolicy(gpu_unit=0)
     with pytest.raises(ValueError, match="popularity"):
         FgdPolicy(popularity=1.5)
+
+
+def test_node_fragmentation_memo_by_cpu_class_answers_as_the_recount():
+    """The memo keys free CPU by the class the groups' CPU asks cut it into: every free CPU, at a cut, on
+    either side of it and between cuts, answers as `fgd_fragmentation` does, in any order of asking."""
+    import random
+
+    counts = {CPU_ONLY: 2, SHARE_700: 5, TWO_WHOLE: 3, (700, 1, (), 2000): 4, (300, 1, ("a",), 6000): 1}
+    policy = FgdPolicy(popularity=1.0)
+    for (per, count, models, cpu), n in counts.items():
+        for _ in range(int(n)):
+            policy.observe(Demand(per, count, models, cpu, 0))
+    t = policy.typical
+    assert t.cpu_cuts == (2000, 4000, 6000, 8000)
+    rng = random.Random(7)
+    frees = [c + d for c in (0, *t.cpu_cuts) for d in (-1, 0, 1)] + [rng.randrange(0, 20000) for _ in range(200)]
+    rng.shuffle(frees)
+    gpus = (("A", 500), ("A", 1000), ("B", 300))
+    for cpu in frees:
+        assert policy.node_fragmentation(gpus, cpu) == fgd_fragmentation(gpus, cpu, t)
+    assert policy.node_fragmentation(gpus, None) == fgd_fragmentation(gpus, None, t)
