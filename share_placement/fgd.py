@@ -151,7 +151,11 @@ class FgdPolicy(ViewPolicy):
         self._eval_memo = {}
 
     def node_fragmentation(self, gpus: GpuView, cpu_free: int | None) -> float:
-        typical = self.typical  # refresh first: the CPU classes below belong to the current workload
+        return self._node_fragmentation(gpus, cpu_free, self.typical)
+
+    def _node_fragmentation(self, gpus: GpuView, cpu_free: int | None, typical: TypicalPods) -> float:
+        """`fgd_fragmentation`, memoised per sorted GPUs and CPU class under `typical` (the current workload,
+        read once per evaluation)."""
         key = (tuple(sorted(gpus)), None if cpu_free is None else bisect_right(typical.cpu_cuts, cpu_free))
         v = self._memo.get(key)
         if v is None:
@@ -162,39 +166,54 @@ class FgdPolicy(ViewPolicy):
         return v
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
-        _ = self.typical  # refresh first, so the memo below belongs to the current workload
+        typical = self.typical  # refresh first, so the memo below belongs to the current workload
         key = (view, demand)
         ev = self._eval_memo.get(key, MISSING)
         if ev is MISSING:
-            ev = self._evaluate(view, demand)
+            ev = self._evaluate(view, demand, typical)
             if len(self._eval_memo) >= self.MEMO_LIMIT:
                 self._eval_memo.clear()
             self._eval_memo[key] = ev
         return ev  # type: ignore[return-value]
 
-    def _score(self, before: float, gpus: GpuView, cpu_after: int | None, chosen: tuple[int, ...], per: int) -> int:
+    def _score(
+        self,
+        before: float,
+        gpus: GpuView,
+        cpu_after: int | None,
+        chosen: tuple[int, ...],
+        per: int,
+        typical: TypicalPods,
+    ) -> int:
         after_gpus = list(gpus)
         for i in chosen:
             m, f = after_gpus[i]
             after_gpus[i] = (m, f - per)
-        x = (before - self.node_fragmentation(tuple(after_gpus), cpu_after)) / self.gpu_unit
+        x = (before - self._node_fragmentation(tuple(after_gpus), cpu_after, typical)) / self.gpu_unit
         # sigmoid without overflow for large |x|
         s = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
         return int(s * 100)
 
-    def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
+    def _evaluate(self, view: NodeView, demand: Demand, typical: TypicalPods) -> Evaluation:
         elig = eligible_positions(view, demand)
         if elig is None:
             return None
         gpus, cpu_free, _ = view
         cpu_after = None if cpu_free is None else cpu_free - demand.cpu
-        before = self.node_fragmentation(gpus, cpu_free)
+        before = self._node_fragmentation(gpus, cpu_free, typical)
         if demand.count == 1:
+            # GPUs in the same state score alike (the node after differs only in order): each state once,
+            # at its first position, which is the one a tie keeps anyway.
             best_score, best = -1, (elig[0],)
+            seen = set()
             for i in sorted(elig):
-                s = self._score(before, gpus, cpu_after, (i,), demand.per_gpu)
+                g = gpus[i]
+                if g in seen:
+                    continue
+                seen.add(g)
+                s = self._score(before, gpus, cpu_after, (i,), demand.per_gpu, typical)
                 if s > best_score:
                     best_score, best = s, (i,)
             return float(best_score), best
         chosen = best_fit(view, elig, demand.count) if demand.count > 0 else ()
-        return float(self._score(before, gpus, cpu_after, chosen, demand.per_gpu)), chosen
+        return float(self._score(before, gpus, cpu_after, chosen, demand.per_gpu, typical)), chosen
