@@ -155,10 +155,9 @@ class Pricer:
         # size -> (CPU, memory) a typical pod of that share size asks (`host_gap`); FragPolicy fills it
         # on the first priced placement that knows CPU (never in the extender, which does not).
         self.host_needs: dict[int, tuple[int, int]] | None = None
-        self._hostable: dict[tuple[int, int | None], frozenset[int]] = {}
         self._interned: dict[frozenset[int], frozenset[int]] = {}
         self._need_breaks: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-        self._hostable_cls: dict[tuple[int, int | None], frozenset[int]] = {}
+        self._hostable_cls: dict[tuple[int, int], frozenset[int]] = {}
         self._host_gaps: dict[int, int] = {}
         # id(view) -> what frag_scores keeps of a node state across demands (this table's prices)
         self.batch_facts: dict[int, tuple] = {}
@@ -413,29 +412,26 @@ class Pricer:
     def hostable(self, cpu: int, memory: int | None) -> frozenset[int]:
         """The priced share sizes whose typical pod (`host_needs`) a node with `cpu` and `memory` free
         could still host."""
-        key = (cpu, memory)
-        got = self._hostable.get(key)
+        breaks = self._need_breaks
+        if breaks is None:
+            needs = self.host_needs
+            assert needs is not None
+            breaks = self._need_breaks = (
+                tuple(sorted({c for c, _ in needs.values()})),
+                tuple(sorted({m for _, m in needs.values()})),
+            )
+        # The set depends only on which of the needs' CPU and memory values the node reaches: kept per
+        # that class (the timeline asks for a new free CPU and memory at nearly every event).
+        cls = (bisect_right(breaks[0], cpu), -1 if memory is None else bisect_right(breaks[1], memory))
+        got = self._hostable_cls.get(cls)
         if got is None:
             gp, needs = self._gap_prices, self.host_needs
             assert gp is not None and needs is not None
-            breaks = self._need_breaks
-            if breaks is None:
-                breaks = self._need_breaks = (
-                    tuple(sorted({c for c, _ in needs.values()})),
-                    tuple(sorted({m for _, m in needs.values()})),
-                )
-            # The set depends only on which of the needs' CPU and memory values the node reaches.
-            cls = (bisect_right(breaks[0], cpu), None if memory is None else bisect_right(breaks[1], memory))
-            got = self._hostable_cls.get(cls)
-            if got is None:
-                got = frozenset(
-                    s for s, (c, m) in needs.items() if s in gp.priced and c <= cpu and (memory is None or m <= memory)
-                )
-                got = self._interned.setdefault(got, got)  # one object per set: `host_gap` compares by identity
-                self._hostable_cls[cls] = got
-            if len(self._hostable) >= 100_000:
-                self._hostable.clear()
-            self._hostable[key] = got
+            got = frozenset(
+                s for s, (c, m) in needs.items() if s in gp.priced and c <= cpu and (memory is None or m <= memory)
+            )
+            got = self._interned.setdefault(got, got)  # one object per set: `host_gap` compares by identity
+            self._hostable_cls[cls] = got
         return got
 
     def host_gap(
