@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from bisect import bisect_left
 from bisect import bisect_right
-from bisect import insort
 from collections.abc import Iterable
 from collections.abc import Iterator
 
@@ -469,20 +467,15 @@ class ClusterState:
         if new == old:  # nothing moved (a demand of nothing): the state and its members stand
             return
         self.node_state[node] = new
-        # Members stay sorted (first node on ties, and tie picks by position). Many nodes share a state
-        # (every empty node of a model is one): bisect and a memmove, not a scan and a sort.
-        members = self.members
-        old_members = members[old]
-        if len(old_members) == 1:
-            del members[old]  # no node is in the old state any more: forget it (a churning cluster makes many)
+        old_members = self.members[old]
+        old_members.remove(node)
+        if not old_members:
+            del self.members[old]  # no node is in the old state any more: forget it (a churning cluster makes many)
             del self.memo[old]
             del self.fitmask[old]
             self._srow.pop(old, None)
             del self.state_ids[self.state_views.pop(old)]
-        else:
-            del old_members[bisect_left(old_members, node)]
-        new_members = members.get(new)
-        if new_members is None:
-            members[new] = [node]
-        else:
-            insort(new_members, node)
+        new_members = self.members.setdefault(new, [])
+        new_members.append(node)
+        if len(new_members) > 1:
+            new_members.sort()
