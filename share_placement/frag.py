@@ -532,22 +532,38 @@ class FragPolicy(ViewPolicy):
         cpu_after = cpu_free - demand.cpu
         cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
         total, kept, fill, need = pricer.node_sums(gpus, cls, facts)
-        before = pricer.host_units(total, kept, fill, need, cpu_free)
-        if cls_after != cls:
-            _, kept, fill, need = pricer.node_sums(gpus, cls_after, facts)
         if self.host_quantile is not None and pricer.host_needs is None:
             pricer.host_needs = self.host_needs()
         gp = pricer.gap_prices()
         hosted = gp is not None and pricer.host_needs is not None
-        stranded = 0  # `Pricer._stranded` over every partly used GPU of the node
-        moved = False
         if hosted:
-            assert gp is not None
             before_set = pricer.hostable(cpu_free, mem_free)
             after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
-            if before_set is not after_set:
-                moved = True
-                stranded = pricer.stranded(facts, gpus, before_set, after_set)
+        weight = pricer.table.weight
+        over = cpu_after * weight
+        uncapped = need <= cpu_free * weight
+        if demand.count:
+            # Every candidate's price reads the CPU only through the classes and sets here, unless the
+            # node's CPU caps its fill (`host_units`), before or after the share: the best candidates are
+            # then the same for every order of these GPUs and every free CPU and memory in these classes,
+            # so they are kept per (share, classes, sets) in the facts of the GPUs' multiset, with the
+            # largest CPU ask after any share (`max_need`), which must stay under the cap for them to hold.
+            sets = (before_set, after_set) if hosted else (None, None)
+            bests_key = (per, models, cls, cls_after, *sets)
+            if uncapped:
+                hit = facts.bests.get(bests_key)
+                if hit is not None and hit[3] <= over:
+                    best_d, best_left, tied, _ = hit
+                    best_i = gpus.index(tied[0]) if len(tied) == 1 else min(gpus.index(g) for g in tied)
+                    return self._finish(best_d, best_left, (best_i,), gpus, per, cpu_after, total)
+        before = pricer.host_units(total, kept, fill, need, cpu_free)
+        if cls_after != cls:
+            _, kept, fill, need = pricer.node_sums(gpus, cls_after, facts)
+        stranded = 0  # `Pricer._stranded` over every partly used GPU of the node
+        moved = False
+        if hosted and before_set is not after_set:
+            moved = True
+            stranded = pricer.stranded(facts, gpus, before_set, after_set)
         if demand.count == 0:
             after = pricer.host_units(total, kept, fill, need, cpu_after)
             if stranded:
@@ -556,17 +572,16 @@ class FragPolicy(ViewPolicy):
             return self._finish(after - before, 0, (), gpus, per, cpu_after, total)
         # What taking `per` from a GPU changes in the node's sums, and its own gap price part: per
         # (model, free), the same on every node of these CPU class and hostable sets.
-        sets = (before_set, after_set) if hosted else (None, None)
         moves = pricer.share_moves(cls_after, per, *sets)
         # `host_units` after the share, written out (one call per candidate is most of the cost).
         total_after = total - per
-        weight = pricer.table.weight
-        over = cpu_after * weight
         base = total_after * pricer.total_w
         keep_w, wa = pricer.keep_w, pricer.wa
         host_units = pricer._host_units
         best_d = best_left = best_i = 0
         best = False
+        tied: list[tuple[str, int]] = []  # the GPU states at the best (price, left): one but on mixed models
+        max_need = 0
         priced = hosted and per in gp.price  # type: ignore[union-attr]
         keyed = facts.keyed
         for g, i in elig:
@@ -593,6 +608,8 @@ class FragPolicy(ViewPolicy):
                 d = -before
             else:
                 f1, n1 = fill + dfill, need + dneed
+                if n1 > max_need:
+                    max_need = n1
                 if n1 > over:
                     f1 = f1 * over // n1
                 d = base - (keep_w * (kept + dk) + wa * f1) - before
@@ -607,8 +624,13 @@ class FragPolicy(ViewPolicy):
             a = g[1] - per
             if not best or d < best_d or (d == best_d and a < best_left):
                 best_d, best_left, best_i, best = d, a, i, True
+                tied = [g]
+            elif d == best_d and a == best_left:
+                tied.append(g)
         if not best:
             return None
+        if uncapped and max_need <= over:
+            pricer.keep_best(facts, bests_key, (best_d, best_left, tuple(tied), max_need))
         return self._finish(best_d, best_left, (best_i,), gpus, per, cpu_after, total)
 
     def _evaluate(self, view: NodeView, demand: Demand) -> Evaluation:

@@ -119,9 +119,9 @@ class HostFacts:
     """What the host path (`FragPolicy._evaluate_host`) reads of one node's GPUs whatever the pod: kept per
     GPU state, since the timeline prices each state for many demands and CPU states."""
 
-    __slots__ = ("distinct", "keyed", "partial", "strands", "sums")
+    __slots__ = ("bests", "distinct", "keyed", "partial", "strands", "sums")
 
-    def __init__(self, gpus: GpuView, keyed: KeySums | None) -> None:
+    def __init__(self, gpus: GpuView, keyed: KeySums | None, bests: dict | None = None) -> None:
         # Each distinct GPU state once with its first position, in position order (the candidates).
         first: dict[tuple[str, int], int] = {}
         for i, g in enumerate(gpus):
@@ -131,6 +131,9 @@ class HostFacts:
         self.partial: tuple[int, ...] | None = None  # frees of the partly used GPUs (below the gap capacity)
         self.sums: dict[int, tuple[int, int, int, int]] = {}  # CPU class -> `Pricer.node_sums`
         self.strands: dict[tuple[frozenset[int], frozenset[int]], int] = {}  # hostable sets -> stranded
+        # `FragPolicy._evaluate_host`'s best candidates, shared by every order of the same GPUs (`Pricer.
+        # host_facts`): a share's price reads the node's GPUs as a multiset, only the position is ordered.
+        self.bests: dict[tuple, tuple] = {} if bests is None else bests
 
 
 class Pricer:
@@ -204,6 +207,8 @@ class Pricer:
         )
         self._key_terms: dict[tuple[int, int, int], tuple[int, int, int]] = {}
         self._host_facts: dict[GpuView, HostFacts] = {}
+        self._host_bests: dict[GpuView, dict] = {}  # sorted GPUs -> `HostFacts.bests` of every order of them
+        self._bests_size = 0
         # (group aggregates, CPU class or -1) -> `fragmentation_sums` (FragPolicy._units).
         self.class_sums: dict[tuple[tuple, int], tuple[int, int, int]] = {}
         self._host_values: dict[tuple[int, frozenset[int]], int] = {}
@@ -266,8 +271,23 @@ class Pricer:
         if v is None:
             if len(self._host_facts) >= FACTS_LIMIT:
                 self._host_facts.clear()
-            v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None)
+                self._host_bests.clear()
+                self._bests_size = 0
+            multiset = tuple(sorted(gpus))
+            bests = self._host_bests.get(multiset)
+            if bests is None:
+                bests = self._host_bests[multiset] = {}
+            v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None, bests)
         return v
+
+    def keep_best(self, facts: HostFacts, key: tuple, value: tuple) -> None:
+        """Keep one of `FragPolicy._evaluate_host`'s answers in `facts.bests`, all of them bounded together."""
+        if self._bests_size >= BESTS_LIMIT:
+            for bests in self._host_bests.values():
+                bests.clear()
+            self._bests_size = 0
+        facts.bests[key] = value
+        self._bests_size += 1
 
     def node_sums(self, gpus: GpuView, cls: int, facts: HostFacts | None = None) -> tuple[int, int, int, int]:
         """(free total, and the sums of `gpu_terms(cls)` over the node's GPUs plus its keys' `key_terms`),
@@ -774,6 +794,7 @@ def quantile(counted: list[tuple[int, int]], q: float) -> int:
 MEMO_LIMIT = 400_000
 # `HostFacts` kept (about a kilobyte each with their dicts): far more than a cluster's live GPU states.
 FACTS_LIMIT = 50_000
+BESTS_LIMIT = 400_000  # `HostFacts.bests` entries kept in all (~200 bytes each)
 
 
 def lazy_table(tables: dict[Any, dict], key: Any, limit: int = 1024) -> dict:

@@ -111,3 +111,44 @@ def test_host_fast_path_picks_the_node_the_recount_picks(seed, with_keys):
         for p in (fast, slow):
             p.observe(d)
     assert placed > 100
+
+
+@pytest.mark.parametrize("with_keys", [False, True], ids=["single-gpu-classes", "multi-gpu-keys"])
+@pytest.mark.parametrize("seed", range(3))
+def test_host_best_kept_per_multiset_answers_as_the_recount(seed, with_keys):
+    """The best candidates `_evaluate_host` keeps per GPU multiset, CPU classes and hostable sets
+    (`HostFacts.bests`) answer as the recount for every order of those GPUs and every free CPU and memory:
+    the same node seen shuffled, with CPU and memory inside and across the classes, down to where the
+    node's CPU caps its fill (where nothing kept may be read), on mixed models with equal frees (ties
+    between GPU states, decided by position)."""
+    rng = random.Random(300 + seed + (50 if with_keys else 0))
+    unit = rng.choice((80, 1000))
+    fast = FragPolicy()
+    slow = FragPolicy()
+    slow.fast_host = False
+    table = learned_table(rng, unit, with_keys)
+    observed = taught(fast, table, random.Random(seed), cpu=True)
+    taught(slow, table, random.Random(seed), cpu=True)
+    half = unit // 2
+    multisets = [random_gpus(rng, unit) for _ in range(6)]
+    multisets.append((("T4", half), ("V100", half), ("T4", unit), ("V100", unit), ("A100", 0)))  # ties by model
+    asked = 0
+    for gpus in multisets:
+        for _ in range(60):
+            order = list(gpus)
+            rng.shuffle(order)
+            view = (
+                tuple(order),
+                rng.choice((0, 300, 1500, 2000, 2100, 7999, 8000, 30000, 64000)) + rng.randrange(3),
+                rng.choice((None, 0, 1000, 4000, 64000)) if rng.random() < 0.3 else 64000 + rng.randrange(5),
+            )
+            per = rng.choice((unit // 20, unit // 10, unit // 4, half, unit))
+            models = (rng.choice(MODELS).lower(),) if rng.random() < 0.15 else ()
+            d = Demand(per, 1, models, rng.choice((0, 500, 2000, 4000)), rng.choice((0, 1000)))
+            ev = fast.evaluate(view, d)
+            assert ev == slow.evaluate(view, d), (view, d)
+            assert ev == reference_evaluate(fast, view, d, observed), (view, d)
+            asked += ev is not None
+    kept = fast._pricer._bests_size
+    assert asked > 200
+    assert 0 < kept < asked * 3 / 4  # many answers were read back, not worked out again
