@@ -102,7 +102,9 @@ class FitIndex:
 class ClusterState:
     """Where every node stands, interned by state, and the policy's best node for a demand.
 
-    Demands are numbered once (`pod_demand[k]`: pod k's demand id), so the memo is a list per state.
+    Demands are numbered once (`pod_demand[k]`: pod k's demand id), so the memo is a small dict per state
+    (demand id -> evaluation): a state lives for a few events and few demands ask about it, and a full row
+    per state and per node key was most of what a run allocated (and what its caches missed on).
     `tie_rng`: for a policy with `random_ties` (bestfit), equal best scores are broken uniformly at random
     among the tied nodes, as kube-scheduler's selectHost does; `draw_single_tie` False skips the draw when
     only one node is best (the timeline does, so that retrying on one node draws as a full retry would).
@@ -144,13 +146,13 @@ class ClusterState:
                     c = classes[key] = len(self._reps)
                     self._reps.append(Demand(d.per_gpu, d.count, d.models, cpu, 0))
                 self._cls.append(c)
-        self._shared: dict[tuple, list] = {}  # node key -> evaluation per class
-        self._srow: dict[int, list] = {}  # state id -> its node key's row of `_shared`
+        self._shared: dict[tuple, dict] = {}  # node key -> evaluation per class (class id -> evaluation)
+        self._srow: dict[int, dict] = {}  # state id -> its node key's row of `_shared`
         # Node state interning: view -> state id; state id -> sorted node indices in that state.
         self.state_ids: dict[NodeView, int] = {}
         self.state_views: dict[int, NodeView] = {}
         self.members: dict[int, list[int]] = {}
-        self.memo: dict[int, list] = {}  # state id -> evaluation per demand id (_MISSING: not yet)
+        self.memo: dict[int, dict[int, placement.Evaluation]] = {}  # state id -> demand id -> evaluation
         self.node_state: list[int] = []
         self._next_id = 0
         # Per live state the demands it may fit (`FitIndex`; state ids are never reused). The indexed
@@ -176,7 +178,7 @@ class ClusterState:
             sid = self.state_ids[view] = self._next_id
             self._next_id += 1
             self.state_views[sid] = view
-            self.memo[sid] = [_MISSING] * len(self.demands)
+            self.memo[sid] = {}
             mask = self.fitmask[sid] = self.fit.mask(view)
             mask &= self._listening
             pending = self._pending
@@ -202,13 +204,13 @@ class ClusterState:
 
     SHARED_LIMIT = 200_000  # node keys kept; past it the table starts afresh (live states keep their rows)
 
-    def _shared_row(self, view: NodeView) -> list:
+    def _shared_row(self, view: NodeView) -> dict:
         key = view[0] if self.inputs == "gpus" else (view[0], view[1])
         row = self._shared.get(key)
         if row is None:
             if len(self._shared) >= self.SHARED_LIMIT:
                 self._shared = {}
-            row = self._shared[key] = [_MISSING] * len(self._reps)
+            row = self._shared[key] = {}
         return row
 
     def _evaluate_fitting(self, sid: int, dix: int) -> placement.Evaluation:
@@ -218,7 +220,7 @@ class ClusterState:
             return self.evaluate(self.state_views[sid], self.demands[dix])
         row = self._srow[sid]
         c = self._cls[dix]
-        ev = row[c]
+        ev = row.get(c, _MISSING)
         if ev is _MISSING:
             ev = row[c] = self.evaluate(self.state_views[sid], self._reps[c])
         return ev
@@ -226,9 +228,8 @@ class ClusterState:
     def forget_evaluations(self) -> None:
         """Drop every memoised evaluation and the indexed chooser's buckets: the policy's answers changed
         (issue 40's `RoomForWaiting` when the waiting shapes change). They are rebuilt as demands ask."""
-        blank = len(self.demands)
         for sid in self.memo:
-            self.memo[sid] = [_MISSING] * blank
+            self.memo[sid] = {}
         for heap in self._heaps:
             heap.clear()
         for buckets in self._buckets:
@@ -249,7 +250,7 @@ class ClusterState:
         if not self.cacheable:
             return self.evaluate(self.state_views[sid], self.demands[dix])
         row = self.memo[sid]
-        ev = row[dix]
+        ev = row.get(dix, _MISSING)
         if ev is _MISSING:
             ev = row[dix] = None if self.cannot_fit(sid, dix) else self._evaluate_fitting(sid, dix)
         return ev
@@ -259,7 +260,7 @@ class ClusterState:
         memo, views, evaluate, demand = self.memo, self.state_views, self.evaluate, self.demands[dix]
         for sid in self.members:
             row = memo[sid]
-            ev = row[dix]
+            ev = row.get(dix, _MISSING)
             if ev is _MISSING:
                 ev = row[dix] = evaluate(views[sid], demand)
             if ev is not None:
@@ -315,7 +316,7 @@ class ClusterState:
         if self.cacheable:
             return self.evaluation(sid, dix) is not None
         row = self.memo[sid]
-        ok = row[dix]
+        ok = row.get(dix, _MISSING)
         if ok is _MISSING:
             ok = row[dix] = not self.cannot_fit(sid, dix) and (
                 placement.eligible_positions(self.state_views[sid], self.demands[dix]) is not None
@@ -392,13 +393,13 @@ class ClusterState:
             row = memo.get(sid)
             if row is None:  # born and gone since this demand last asked
                 continue
-            ev = row[dix]
+            ev = row.get(dix, _MISSING)
             if ev is _MISSING:
                 if shared is None:
                     ev = row[dix] = evaluate(views[sid], demand)
                 else:
                     srow = srows[sid]
-                    ev = srow[c]
+                    ev = srow.get(c, _MISSING)
                     if ev is _MISSING:
                         ev = srow[c] = evaluate(views[sid], rep)
                     row[dix] = ev
