@@ -127,6 +127,8 @@ class FgdPolicy(ViewPolicy):
         self._typical = TypicalPods((), 0.0, 0)
         self._memo: dict[Any, float] = {}
         self._eval_memo: dict[tuple[NodeView, Demand], Evaluation] = {}
+        # Whether `evaluate` keeps its answers per (view, demand) (see FragPolicy.memo_evaluations).
+        self.memo_evaluations = True
 
     def observe(self, demand: Demand) -> None:
         gpu = demand.count > 0 and demand.per_gpu > 0
@@ -167,6 +169,8 @@ class FgdPolicy(ViewPolicy):
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         typical = self.typical  # refresh first, so the memo below belongs to the current workload
+        if not self.memo_evaluations:
+            return self._evaluate(view, demand, typical)
         key = (view, demand)
         ev = self._eval_memo.get(key, MISSING)
         if ev is MISSING:

@@ -72,6 +72,9 @@ class FragPolicy(ViewPolicy):
         self.host_quantile = host_quantile
         # `_evaluate_host`, the one-pass path with CPU known; False: every candidate recounted (tests).
         self.fast_host = True
+        # Whether `evaluate` keeps its answers per (demand, view): the extender asks about many nodes in
+        # one state; share-sim, which memoises per node state itself, turns it off (`policy_memo_off`).
+        self.memo_evaluations = True
         # (per_gpu, cpu, memory) -> single-GPU pods observed: what a share size's pods ask of a host.
         self._share_asks: dict[tuple[int, int, int], int] = {}
         self.fill_weight = fill_weight
@@ -247,6 +250,8 @@ class FragPolicy(ViewPolicy):
 
     def evaluate(self, view: NodeView, demand: Demand) -> Evaluation:
         _ = self.table  # refresh first, so the memo below belongs to the current table
+        if not self.memo_evaluations:
+            return self._evaluate(view, demand)
         # One dict per demand, keyed by the view alone: its keys and values are tuples of numbers and
         # strings, which the cyclic garbage collector stops tracking, so a memo of many entries adds
         # nothing to every full collection's work (a (view, demand) key holds the tracked Demand).

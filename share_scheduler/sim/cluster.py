@@ -48,6 +48,20 @@ def score_inputs(policy: Policy) -> str | None:
     return SCORE_INPUTS.get(type(policy))
 
 
+def policy_memo_off(policy: Policy) -> None:
+    """Turn off the policy's own memo of (view, demand) answers (`memo_evaluations`), and its base's where
+    it wraps one: `ClusterState` keeps every answer per live state itself, a churning cluster's states
+    rarely come back, and the policy's memo then costs the run more in memory (and the caches it misses)
+    than its hits save (the timeline, 0.6 days at rho 1.0: fgd 0.84 x, frag 0.95 x the time). Only for a
+    `cacheable` policy: one that is not is asked afresh every time, its own memo the only one."""
+    if not getattr(policy, "cacheable", True):
+        return
+    while policy is not None:
+        if hasattr(policy, "memo_evaluations"):
+            policy.memo_evaluations = False  # type: ignore[attr-defined]
+        policy = getattr(policy, "base", None)  # type: ignore[assignment]
+
+
 class FitIndex:
     """Which demands a node state may fit, as one int with a bit per demand id: `cannot_fit`'s test for
     every demand at once.

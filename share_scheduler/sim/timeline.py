@@ -46,6 +46,7 @@ import share_placement as placement
 from share_placement import NodeView
 from share_placement import Policy
 from share_scheduler.sim.cluster import ClusterState
+from share_scheduler.sim.cluster import policy_memo_off
 from share_scheduler.sim.workload import SimPod
 from share_scheduler.sim.workload import Workload
 
@@ -268,6 +269,7 @@ class Timeline:
         self.seed = seed
         self.hooks = hooks
         self.retry = retry
+        policy_memo_off(policy)  # the cluster below keeps every answer per live state
         # Ties broken as kube-scheduler's selectHost (random among the best), drawn only among 2+ nodes.
         self.cluster = ClusterState(workload, policy, random.Random(f"ties-{seed}"), draw_single_tie=False)
         self._pick_rng = random.Random(f"pick-{seed}")  # the random policy's uniform pick among fitting nodes

@@ -11,8 +11,11 @@ from share_placement.room import RoomForWaiting
 from share_scheduler.sim.cluster import SCORE_INPUTS
 from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.cluster import FitIndex
+from share_scheduler.sim.cluster import policy_memo_off
 from share_scheduler.sim.cluster import score_inputs
 from share_scheduler.sim.engine import build_policy
+from share_scheduler.sim.timeline import Timeline
+from share_scheduler.sim.timeline import poisson_arrivals
 from tests.unit.sim.test_timeline import churn
 
 
@@ -107,3 +110,25 @@ def test_a_demand_that_stopped_asking_keeps_no_unbounded_backlog():
     for dix in range(len(cluster.demands)):  # a demand asking after a long silence rebuilds, exactly
         assert cluster.best_indexed(dix) == cluster.best(dix)
     assert set(cluster.fitmask) == set(cluster.members) == set(cluster.memo)
+
+
+@pytest.mark.parametrize("name", ["frag", "fgd"])
+def test_the_timeline_turns_the_policys_own_memo_off_and_it_answers_alike(name):
+    """The timeline keeps every answer per live state, so the policy's own (view, demand) memo is turned
+    off (wrapped or not); without it the policy answers exactly as with it. A policy that is not
+    cacheable keeps its own."""
+    w, views, demands = _views_and_demands(3)
+    kept, off = build_policy(name, 0, w), build_policy(name, 0, w)
+    policy_memo_off(RoomForWaiting(off, [Demand(1000, 4)]))
+    assert kept.memo_evaluations and not off.memo_evaluations
+    rng = random.Random(5)
+    for _ in range(400):
+        view, demand = rng.choice(views), rng.choice(demands)
+        assert off.evaluate(view, demand) == kept.evaluate(view, demand) == kept.evaluate(view, demand)
+    assert kept._eval_memo and not off._eval_memo
+    timed = build_policy(name, 0, w)
+    Timeline(w, timed, poisson_arrivals(w, 0.9, 0.01, 1.0, 0), 0.0, 60.0)
+    assert not timed.memo_evaluations
+    uncacheable = build_policy("random", 0, w)
+    policy_memo_off(uncacheable)
+    assert not hasattr(uncacheable, "memo_evaluations")
