@@ -179,6 +179,11 @@ class ClusterState:
         self._heaps: list[list[float]] = [[] for _ in self.demands]  # per demand: -score of its buckets
         self._buckets: list[dict[float, list[int]]] = [{} for _ in self.demands]  # score -> state ids
         self._pending: list[list[int]] = [[] for _ in self.demands]
+        # Per demand, the states put in its buckets since they were last rebuilt: only the best bucket is
+        # cleaned of states that died, so the rest grow with every state the demand was shown (for frag,
+        # whose scores rarely repeat, a bucket per state); past twice the live states they are rebuilt.
+        self._filled: list[int] = [0] * len(self.demands)
+        self.rebuilds = 0  # buckets built from the live states (a demand's first ask, a backlog, dead states)
         self._listening = 0
         self._births = 0
         for i, n in enumerate(workload.nodes):
@@ -358,11 +363,17 @@ class ClusterState:
         members = self.members
         pending = self._pending[dix]
         bit = 1 << dix
-        if not self._listening & bit or len(pending) > len(members):  # more news than states: from the live states
+        if (
+            not self._listening & bit
+            or len(pending) > len(members)  # more news than states: from the live states
+            or self._filled[dix] > 2 * len(members) + self.REBUILD_SLACK  # mostly dead states: afresh
+        ):
             self._listening |= bit
             pending.clear()
             heap.clear()
             buckets.clear()
+            self._filled[dix] = 0
+            self.rebuilds += 1
             fitmask = self.fitmask
             self._top_up(heap, buckets, dix, [sid for sid in members if fitmask[sid] & bit])
         elif pending:
@@ -391,6 +402,8 @@ class ClusterState:
         sid = tied[0] if len(tied) == 1 else min((members[sid][0], sid) for sid in tied)[1]
         return members[sid][0], self.memo[sid][dix]
 
+    REBUILD_SLACK = 1024  # states a demand's buckets may hold beyond twice the live ones before a rebuild
+
     def _top_up(self, heap: list[float], buckets: dict[float, list[int]], dix: int, sids: Iterable[int]) -> None:
         """Add every live state of `sids` (in id order) the demand fits to its score's bucket, evaluating
         where needed. `sids` passed the demand's `FitIndex` test (the host test of `cannot_fit`): the
@@ -403,6 +416,7 @@ class ClusterState:
         if shared is not None:
             srows, c = self._srow, self._cls[dix]
             rep = self._reps[c]
+        filled = 0
         for sid in sids:
             row = memo.get(sid)
             if row is None:  # born and gone since this demand last asked
@@ -418,6 +432,7 @@ class ClusterState:
                         ev = srow[c] = evaluate(views[sid], rep)
                     row[dix] = ev
             if ev is not None:
+                filled += 1
                 key = -ev[0]
                 bucket = buckets.get(key)
                 if bucket is None:
@@ -425,6 +440,7 @@ class ClusterState:
                     push(heap, key)
                 else:
                     bucket.append(sid)
+        self._filled[dix] += filled
 
     UNIFORM_TRIES = 16  # `_uniform_fit`'s draws before it scans
 

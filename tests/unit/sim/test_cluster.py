@@ -132,3 +132,31 @@ def test_the_timeline_turns_the_policys_own_memo_off_and_it_answers_alike(name):
     uncacheable = build_policy("random", 0, w)
     policy_memo_off(uncacheable)
     assert not hasattr(uncacheable, "memo_evaluations")
+
+
+@pytest.mark.parametrize("name", ["frag", "bestfit"])
+def test_a_demand_that_asks_often_keeps_no_dead_states_past_twice_the_live_ones(name):
+    """Only a demand's best bucket is cleaned of states that died; the states it was shown are counted
+    and past twice the live ones (plus a slack) its buckets are rebuilt from the live states: bounded,
+    and the choice stays the scan's."""
+    w = churn(2)
+    cluster = ClusterState(w, build_policy(name, 0, w))
+    cluster.REBUILD_SLACK = 8
+    rng = random.Random(3)
+    asked = cluster.pod_demand[0]
+    first = cluster.best_indexed(asked)
+    assert first is not None
+    rebuilds = cluster.rebuilds
+    for _ in range(3000):  # a state born and one gone per move, the demand asking after each
+        node = rng.randrange(len(cluster.node_state))
+        dix = rng.randrange(len(cluster.demands))
+        got = cluster.evaluation(cluster.node_state[node], dix)
+        if got is not None:
+            cluster.place(node, dix, got[1])
+            indexed = cluster.best_indexed(asked)
+            scan = cluster.best(asked)
+            assert (indexed is None) == (scan is None)
+            assert indexed is None or indexed[1][0] == scan[1][0]
+            assert cluster._filled[asked] <= 2 * len(cluster.members) + cluster.REBUILD_SLACK + 2
+            cluster.release(node, dix, got[1])
+    assert cluster.rebuilds > rebuilds + 5
