@@ -526,7 +526,44 @@ class FragPolicy(ViewPolicy):
         if cpu_free < demand.cpu or (mem_free is not None and mem_free < demand.memory):
             return None  # `eligible_positions`' host test
         per, models = demand.per_gpu, demand.models
-        facts = pricer.host_facts(gpus)
+        # What does not depend on the pod, once per node state: each is priced for several pods (the
+        # timeline asks for every demand that may fit it). Keyed by the view object, which the entry keeps
+        # alive (so its id cannot be reused while it stands); `hosted` cannot change within one pricer
+        # (its first evaluation fills `host_needs`, and the gap prices are solved once).
+        prefix = pricer.view_prefixes.get(id(view))
+        if prefix is None or prefix[0] is not view:
+            facts = pricer.host_facts(gpus)
+            cls = pricer.cpu_class(cpu_free)
+            if self.host_quantile is not None and pricer.host_needs is None:
+                pricer.host_needs = self.host_needs()
+            gp = pricer.gap_prices()
+            hosted = gp is not None and pricer.host_needs is not None
+            before_set = pricer.hostable(cpu_free, mem_free) if hosted else None
+            prefix = (view, facts, cls, pricer.node_sums(gpus, cls, facts), gp, hosted, before_set)
+            pricer.keep_view_prefix(id(view), prefix)
+        _, facts, cls, (total, kept, fill, need), gp, hosted, before_set = prefix
+        cpu_after = cpu_free - demand.cpu
+        cls_after = pricer.cpu_class(cpu_after)
+        if hosted:
+            after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
+        # Every price here reads the CPU only through the classes and sets above, unless the node's CPU
+        # caps its fill (`host_units`), before or after the pod: the answer (the best candidates) is then
+        # the same for every order of these GPUs and every free CPU and memory in these classes, so it is
+        # kept per (share, classes, sets) in the facts of the GPUs' multiset, with the largest CPU ask
+        # after the pod (`max_need`), which must stay under the cap for it to hold.
+        weight = pricer.table.weight
+        over = cpu_after * weight
+        uncapped = need <= cpu_free * weight
+        sets = (before_set, after_set) if hosted else (None, None)
+        bests_key = (per, models, demand.count, cls, cls_after, *sets)
+        if uncapped:
+            hit = facts.bests.get(bests_key)
+            if hit is not None and hit[3] <= over:
+                best_d, best_left, tied, _ = hit
+                if not tied:  # a CPU-only pod
+                    return self._finish(best_d, 0, (), gpus, per, cpu_after, total)
+                best_i = gpus.index(tied[0]) if len(tied) == 1 else min(gpus.index(g) for g in tied)
+                return self._finish(best_d, best_left, (best_i,), gpus, per, cpu_after, total)
         if demand.count:  # the candidates: each distinct GPU state with room, at its first position
             if models:
                 elig = [(g, i) for g, i in facts.distinct if g[1] >= per and model_allowed(models, g[0])]
@@ -534,33 +571,6 @@ class FragPolicy(ViewPolicy):
                 elig = [(g, i) for g, i in facts.distinct if g[1] >= per]
             if not elig:
                 return None
-        cpu_after = cpu_free - demand.cpu
-        cls, cls_after = pricer.cpu_class(cpu_free), pricer.cpu_class(cpu_after)
-        total, kept, fill, need = pricer.node_sums(gpus, cls, facts)
-        if self.host_quantile is not None and pricer.host_needs is None:
-            pricer.host_needs = self.host_needs()
-        gp = pricer.gap_prices()
-        hosted = gp is not None and pricer.host_needs is not None
-        if hosted:
-            before_set = pricer.hostable(cpu_free, mem_free)
-            after_set = pricer.hostable(cpu_after, None if mem_free is None else mem_free - demand.memory)
-        weight = pricer.table.weight
-        over = cpu_after * weight
-        uncapped = need <= cpu_free * weight
-        if demand.count:
-            # Every candidate's price reads the CPU only through the classes and sets here, unless the
-            # node's CPU caps its fill (`host_units`), before or after the share: the best candidates are
-            # then the same for every order of these GPUs and every free CPU and memory in these classes,
-            # so they are kept per (share, classes, sets) in the facts of the GPUs' multiset, with the
-            # largest CPU ask after any share (`max_need`), which must stay under the cap for them to hold.
-            sets = (before_set, after_set) if hosted else (None, None)
-            bests_key = (per, models, cls, cls_after, *sets)
-            if uncapped:
-                hit = facts.bests.get(bests_key)
-                if hit is not None and hit[3] <= over:
-                    best_d, best_left, tied, _ = hit
-                    best_i = gpus.index(tied[0]) if len(tied) == 1 else min(gpus.index(g) for g in tied)
-                    return self._finish(best_d, best_left, (best_i,), gpus, per, cpu_after, total)
         before = pricer.host_units(total, kept, fill, need, cpu_free)
         if cls_after != cls:
             _, kept, fill, need = pricer.node_sums(gpus, cls_after, facts)
@@ -574,6 +584,8 @@ class FragPolicy(ViewPolicy):
             if stranded:
                 assert gp is not None
                 after += pricer._host_units(stranded, gp)
+            if uncapped and need <= over:
+                pricer.keep_best(facts, bests_key, (after - before, 0, (), need))
             return self._finish(after - before, 0, (), gpus, per, cpu_after, total)
         # What taking `per` from a GPU changes in the node's sums, and its own gap price part: per
         # (model, free), the same on every node of these CPU class and hostable sets.

@@ -209,6 +209,8 @@ class Pricer:
         self._host_facts: dict[GpuView, HostFacts] = {}
         self._host_bests: dict[GpuView, dict] = {}  # sorted GPUs -> `HostFacts.bests` of every order of them
         self._bests_size = 0
+        # id(view) -> (view, and what `FragPolicy._evaluate_host` reads of it whatever the pod)
+        self.view_prefixes: dict[int, tuple] = {}
         # (group aggregates, CPU class or -1) -> `fragmentation_sums` (FragPolicy._units).
         self.class_sums: dict[tuple[tuple, int], tuple[int, int, int]] = {}
         self._host_values: dict[tuple[int, frozenset[int]], int] = {}
@@ -279,6 +281,12 @@ class Pricer:
                 bests = self._host_bests[multiset] = {}
             v = self._host_facts[gpus] = HostFacts(gpus, self.key_sums(gpus) if self.keys else None, bests)
         return v
+
+    def keep_view_prefix(self, key: int, prefix: tuple) -> None:
+        """Keep `FragPolicy._evaluate_host`'s per-state part (`view_prefixes`), bounded."""
+        if len(self.view_prefixes) >= VIEW_PREFIX_LIMIT:
+            self.view_prefixes.clear()
+        self.view_prefixes[key] = prefix
 
     def keep_best(self, facts: HostFacts, key: tuple, value: tuple) -> None:
         """Keep one of `FragPolicy._evaluate_host`'s answers in `facts.bests`, all of them bounded together."""
@@ -794,6 +802,7 @@ def quantile(counted: list[tuple[int, int]], q: float) -> int:
 MEMO_LIMIT = 400_000
 # `HostFacts` kept (about a kilobyte each with their dicts): far more than a cluster's live GPU states.
 FACTS_LIMIT = 50_000
+VIEW_PREFIX_LIMIT = 20_000  # node states (a cluster's live states, with room to spare)
 BESTS_LIMIT = 400_000  # `HostFacts.bests` entries kept in all (~200 bytes each)
 
 

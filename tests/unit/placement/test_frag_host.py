@@ -116,8 +116,9 @@ def test_host_fast_path_picks_the_node_the_recount_picks(seed, with_keys):
 @pytest.mark.parametrize("with_keys", [False, True], ids=["single-gpu-classes", "multi-gpu-keys"])
 @pytest.mark.parametrize("seed", range(3))
 def test_host_best_kept_per_multiset_answers_as_the_recount(seed, with_keys):
-    """The best candidates `_evaluate_host` keeps per GPU multiset, CPU classes and hostable sets
-    (`HostFacts.bests`) answer as the recount for every order of those GPUs and every free CPU and memory:
+    """The answers `_evaluate_host` keeps per GPU multiset, CPU classes and hostable sets (`HostFacts.bests`:
+    a share's best candidates, a CPU-only pod's price) answer as the recount for every order of those GPUs
+    and every free CPU and memory:
     the same node seen shuffled, with CPU and memory inside and across the classes, down to where the
     node's CPU caps its fill (where nothing kept may be read), on mixed models with equal frees (ties
     between GPU states, decided by position)."""
@@ -142,13 +143,15 @@ def test_host_best_kept_per_multiset_answers_as_the_recount(seed, with_keys):
                 rng.choice((0, 300, 1500, 2000, 2100, 7999, 8000, 30000, 64000)) + rng.randrange(3),
                 rng.choice((None, 0, 1000, 4000, 64000)) if rng.random() < 0.3 else 64000 + rng.randrange(5),
             )
-            per = rng.choice((unit // 20, unit // 10, unit // 4, half, unit))
-            models = (rng.choice(MODELS).lower(),) if rng.random() < 0.15 else ()
-            d = Demand(per, 1, models, rng.choice((0, 500, 2000, 4000)), rng.choice((0, 1000)))
-            ev = fast.evaluate(view, d)
-            assert ev == slow.evaluate(view, d), (view, d)
-            assert ev == reference_evaluate(fast, view, d, observed), (view, d)
-            asked += ev is not None
+            for _ in range(3):  # several pods priced on one node state (its per-state part kept)
+                count = rng.choice((0, 1, 1))
+                per = rng.choice((unit // 20, unit // 10, unit // 4, half, unit)) if count else 0
+                models = (rng.choice(MODELS).lower(),) if count and rng.random() < 0.15 else ()
+                d = Demand(per, count, models, rng.choice((0, 500, 2000, 4000)), rng.choice((0, 1000)))
+                ev = fast.evaluate(view, d)
+                assert ev == slow.evaluate(view, d), (view, d)
+                assert ev == reference_evaluate(fast, view, d, observed), (view, d)
+                asked += ev is not None
     kept = fast._pricer._bests_size
-    assert asked > 200
+    assert asked > 600
     assert 0 < kept < asked * 3 / 4  # many answers were read back, not worked out again
