@@ -131,8 +131,8 @@ class HostFacts:
         self.partial: tuple[int, ...] | None = None  # frees of the partly used GPUs (below the gap capacity)
         self.sums: dict[int, tuple[int, int, int, int]] = {}  # CPU class -> `Pricer.node_sums`
         self.strands: dict[tuple[frozenset[int], frozenset[int]], int] = {}  # hostable sets -> stranded
-        # `FragPolicy._evaluate_host`'s best candidates, shared by every order of the same GPUs (`Pricer.
-        # host_facts`): a share's price reads the node's GPUs as a multiset, only the position is ordered.
+        # `FragPolicy._evaluate_host`'s answers (a share's best candidates, a CPU-only pod's price), shared
+        # by every order of the same GPUs (`Pricer.host_facts`): prices read the GPUs as a multiset.
         self.bests: dict[tuple, tuple] = {} if bests is None else bests
 
 
@@ -291,7 +291,7 @@ class Pricer:
     def keep_best(self, facts: HostFacts, key: tuple, value: tuple) -> None:
         """Keep one of `FragPolicy._evaluate_host`'s answers in `facts.bests`, all of them bounded together."""
         if self._bests_size >= BESTS_LIMIT:
-            for bests in self._host_bests.values():
+            for bests in list(self._host_bests.values()):  # a list first: a filter thread may add one
                 bests.clear()
             self._bests_size = 0
         facts.bests[key] = value
