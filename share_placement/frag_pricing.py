@@ -121,7 +121,7 @@ class HostFacts:
 
     __slots__ = ("bests", "distinct", "keyed", "partial", "strands", "sums")
 
-    def __init__(self, gpus: GpuView, keyed: KeySums | None, bests: dict | None = None) -> None:
+    def __init__(self, gpus: GpuView, keyed: KeySums | None, bests: dict) -> None:
         # Each distinct GPU state once with its first position, in position order (the candidates).
         first: dict[tuple[str, int], int] = {}
         for i, g in enumerate(gpus):
@@ -133,7 +133,7 @@ class HostFacts:
         self.strands: dict[tuple[frozenset[int], frozenset[int]], int] = {}  # hostable sets -> stranded
         # `FragPolicy._evaluate_host`'s answers (a share's best candidates, a CPU-only pod's price), shared
         # by every order of the same GPUs (`Pricer.host_facts`): prices read the GPUs as a multiset.
-        self.bests: dict[tuple, tuple] = {} if bests is None else bests
+        self.bests: dict[tuple, tuple] = bests
 
 
 class Pricer:
