@@ -183,6 +183,7 @@ class ClusterState:
         # cleaned of states that died, so the rest grow with every state the demand was shown (for frag,
         # whose scores rarely repeat, a bucket per state); past twice the live states they are rebuilt.
         self._filled: list[int] = [0] * len(self.demands)
+        self._fit_states: list[list[int]] = [[] for _ in self.demands]  # `_fitting_states`' per demand
         self.rebuilds = 0  # buckets built from the live states (a demand's first ask, a backlog, dead states)
         self._listening = 0
         self._births = 0
@@ -454,23 +455,47 @@ class ClusterState:
 
     def _uniform_fit(self, dix: int, rng: random.Random) -> tuple[int, placement.Evaluation] | None:
         """A node drawn uniformly among those the demand fits, with the policy's evaluation there."""
-        node_state = self.node_state
+        node_state, fitmask, fits = self.node_state, self.fitmask, self.fits
         n = len(node_state)
+        bit = 1 << dix
         for _ in range(self.UNIFORM_TRIES):  # rejection sampling: exact, and quick while many nodes fit
             node = rng.randrange(n)
-            if self.fits(node_state[node], dix):
+            sid = node_state[node]
+            if fitmask[sid] & bit and fits(sid, dix):  # `FitIndex` first: in a full cluster few pass
                 break
         else:
-            bit, fits, members = 1 << dix, self.fits, self.members  # by state, `FitIndex` first: few pass
-            states = [sid for sid, mask in self.fitmask.items() if mask & bit and fits(sid, dix)]
+            states = self._fitting_states(dix)
             if not states:
                 return None
+            members = self.members
             fitting = sorted([i for sid in states for i in members[sid]])
             node = fitting[rng.randrange(len(fitting))]
         ev = self.evaluate(self.state_views[node_state[node]], self.demands[dix])
         if ev is None:  # pragma: no cover - fits() and evaluate() disagree: a policy bug
             raise AssertionError(f"{self.policy!r} refused node {node} that fits")
         return node, ev
+
+    def _fitting_states(self, dix: int) -> list[int]:
+        """The live states demand `dix` fits (`fits`), for `_uniform_fit`'s scan once its draws missed: kept
+        per demand as the buckets are (the states born since it last asked that `FitIndex` lets through,
+        checked then; the dead dropped), as a full cluster makes the scan the common case (random at rho
+        1.2: half its run went to walking every state at every arrival). In birth order, as a walk of the
+        live states gives them (the caller sorts their nodes anyway)."""
+        members = self.members
+        pending = self._pending[dix]
+        bit = 1 << dix
+        fits = self.fits
+        if not self._listening & bit or len(pending) > len(members):
+            self._listening |= bit
+            self.rebuilds += 1
+            fitmask = self.fitmask
+            states = [sid for sid in members if fitmask[sid] & bit and fits(sid, dix)]
+        else:
+            states = [sid for sid in self._fit_states[dix] if sid in members]
+            states += [sid for sid in pending if sid in members and fits(sid, dix)]
+        pending.clear()
+        self._fit_states[dix] = states
+        return states
 
     def place(self, node: int, dix: int, positions: tuple[int, ...]) -> None:
         """Take demand `dix` on `node`'s GPUs at view `positions` (and its CPU and memory)."""

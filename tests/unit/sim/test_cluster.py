@@ -160,3 +160,60 @@ def test_a_demand_that_asks_often_keeps_no_dead_states_past_twice_the_live_ones(
             assert cluster._filled[asked] <= 2 * len(cluster.members) + cluster.REBUILD_SLACK + 2
             cluster.release(node, dix, got[1])
     assert cluster.rebuilds > rebuilds + 5
+
+
+def test_the_uniform_pick_keeps_the_states_it_fits_as_a_walk_of_every_state_finds_them():
+    """random (`uniform_scores`): once its draws miss, the pick is among the nodes of the live states the
+    demand fits, kept per demand as the buckets are (births topped up, the dead dropped); every time it
+    is the set a walk of every live state finds, through a churning cluster, after a long silence too."""
+    w = churn(5)
+    cluster = ClusterState(w, build_policy("random", 0, w))
+    rng = random.Random(4)
+    asked = 0
+    for step in range(6000):
+        node = rng.randrange(len(cluster.node_state))
+        dix = rng.randrange(len(cluster.demands))
+        if cluster.fits(cluster.node_state[node], dix):
+            ev = cluster.evaluate(cluster.view(node), cluster.demands[dix])
+            cluster.place(node, dix, ev[1])
+            if rng.random() < 0.4:  # the cluster fills up, with some churn
+                cluster.release(node, dix, ev[1])
+        if step % 3 == 0 or step > 5900:  # one demand asks often; every demand now and then
+            for d in [step % len(cluster.demands)] if step % 30 else range(len(cluster.demands)):
+                walked = [sid for sid in cluster.members if cluster.fits(sid, d)]
+                kept = cluster._fitting_states(d)
+                assert sorted(kept) == walked, (step, d)
+                asked += 1
+    assert asked > 2000
+    assert cluster.rebuilds > 0 and any(cluster._fit_states)
+
+
+def test_a_timeline_runs_with_rare_collections_and_gives_the_collector_back():
+    """A run makes no reference cycles, so it runs with `RUN_GC_THRESHOLDS` (full collections walked every
+    memo the policy keeps); the caller's thresholds are back after it, and after a run that failed."""
+    import gc
+
+    from share_scheduler.sim.timeline import RUN_GC_THRESHOLDS
+    from share_scheduler.sim.timeline import TimelineHooks
+
+    seen = []
+
+    class Watch(TimelineHooks):
+        def after_event(self, timeline, now):
+            seen.append(gc.get_threshold())
+            if fail and len(seen) > 5:
+                raise RuntimeError("a hook failed")
+
+    w = churn(3)
+    arrivals = poisson_arrivals(w, 0.9, 0.05, 1.0, 0)
+    before = gc.get_threshold()
+    for fail in (False, True):
+        seen.clear()
+        timeline = Timeline(w, build_policy("bestfit", 0, w), arrivals, 0.0, 0.05 * 86400, hooks=Watch())
+        if fail:
+            with pytest.raises(RuntimeError, match="a hook failed"):
+                timeline.run()
+        else:
+            timeline.run()
+        assert seen and set(seen) == {RUN_GC_THRESHOLDS} != {before}
+        assert gc.get_threshold() == before
