@@ -118,6 +118,43 @@ def test_several_policies_and_loads_print_one_object_a_line_policy_then_load(cap
     ]
 
 
+def test_workers_take_the_costliest_runs_first_and_the_figures_come_back_in_the_tasks_order(capsys):
+    """`--jobs 2` submits frag before fgd before the rest (the costliest first, so no worker idles long at
+    the end) and still prints policy then load, each row the figures one worker alone gives."""
+    from share_scheduler.sim import timeline_cli
+
+    args = ["--policy", "random,frag,bestfit", "--rho", "0.8,1.2", "--seeds", "2", "--json"]
+    rc, alone, _ = timeline(capsys, *args)
+    assert rc == 0
+    submitted = []
+    real_pool = timeline_cli.ProcessPoolExecutor
+
+    class Recording(real_pool):
+        def submit(self, fn, *a, **kw):
+            submitted.append((a[1], a[3]))  # (policy, rho) of run_one's arguments
+            return super().submit(fn, *a, **kw)
+
+    timeline_cli.ProcessPoolExecutor = Recording
+    try:
+        rc, pooled, _ = timeline(capsys, *args, "--jobs", "2")
+    finally:
+        timeline_cli.ProcessPoolExecutor = real_pool
+    assert rc == 0
+    assert [p for p, _ in submitted] == ["frag"] * 4 + ["bestfit"] * 4 + ["random"] * 4
+    assert submitted[:4] == [("frag", 1.2), ("frag", 1.2), ("frag", 0.8), ("frag", 0.8)]
+
+    def figures(out: str) -> list[dict]:
+        docs = [json.loads(line) for line in out.strip().splitlines()]
+        for d in docs:
+            d.pop("seconds_per_seed")
+        return docs
+
+    assert [(d["policy"], d["rho"]) for d in figures(pooled)] == [
+        (p, r) for p in ("random", "frag", "bestfit") for r in (0.8, 1.2)
+    ]
+    assert figures(pooled) == figures(alone)
+
+
 def test_table_and_plot(capsys, tmp_path):
     image = pytest.importorskip("matplotlib.image")
     png = tmp_path / "timeline.png"
