@@ -32,8 +32,6 @@ every event for consolidation) and `Timeline.waiting()`, the queue as the policy
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import heapq
 import itertools
 import math
@@ -49,6 +47,7 @@ from share_placement import NodeView
 from share_placement import Policy
 from share_scheduler.sim.cluster import ClusterState
 from share_scheduler.sim.cluster import policy_memo_off
+from share_scheduler.sim.cluster import rare_collections
 from share_scheduler.sim.workload import SimPod
 from share_scheduler.sim.workload import Workload
 
@@ -56,24 +55,6 @@ DAY = 86400.0
 CLASSES = ("share", "whole", "multi", "cpu")
 RETRIES = ("node", "full")
 DEFAULT_SAMPLES = 600  # time-series points over a run, when the caller names no interval
-# The garbage collector's thresholds while a timeline runs. A run makes no reference cycles (at CPython's
-# defaults a 1-day frag run's young and full collections reclaimed nothing the setup had not left), yet
-# at those defaults it ran ~30 full collections, each walking every memo and cache the policy and the
-# cluster keep (frag's pricer holds millions of containers): about a sixth of frag's run. These make
-# collections rare (a young one per million net new containers, a full one practically never); what a
-# cycle might leave is still reclaimed, later. Restored when the run ends.
-RUN_GC_THRESHOLDS = (1_000_000, 10, 10)
-
-
-@contextlib.contextmanager
-def rare_collections() -> Iterator[None]:
-    """`RUN_GC_THRESHOLDS` for the duration of the block, the caller's thresholds after it."""
-    before = gc.get_threshold()
-    gc.set_threshold(*RUN_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 @dataclass(frozen=True, slots=True)

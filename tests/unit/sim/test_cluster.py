@@ -193,7 +193,7 @@ def test_a_timeline_runs_with_rare_collections_and_gives_the_collector_back():
     memo the policy keeps); the caller's thresholds are back after it, and after a run that failed."""
     import gc
 
-    from share_scheduler.sim.timeline import RUN_GC_THRESHOLDS
+    from share_scheduler.sim.cluster import RUN_GC_THRESHOLDS
     from share_scheduler.sim.timeline import TimelineHooks
 
     seen = []
