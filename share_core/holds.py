@@ -282,17 +282,24 @@ def held_units(
     return out
 
 
-def after_bind(holds: Iterable[Hold], uid: str, owner_uid: str, node: str) -> list[Hold]:
-    """The holds left once a pod (`uid`, of controller `owner_uid`) is bound to `node`: its own go
-    wherever they were (it has its GPUs now, or chose elsewhere), and one hold kept for its controller's
-    pods on that node (a consolidation's moved pod, recreated and placed again)."""
+def after_bind(holds: Iterable[Hold], uid: str) -> list[Hold]:
+    """The holds left once the pod `uid` (their anchor) is bound: its own go wherever they were (it has
+    its GPUs now, or chose elsewhere); those it carries for the pods a consolidation moves stay."""
+    return [h for h in holds if h.holder_uid != uid]
+
+
+def after_replacement_bound(holds: Iterable[Hold], uid: str, owner_uid: str, node: str) -> list[Hold]:
+    """The holds left once a pod (`uid`, of controller `owner_uid`) is newly bound to `node`: one hold kept
+    there for that controller's pods (a consolidation's moved pod, recreated and placed again) is used
+    up. Never one made for this very pod: that is the moved pod itself, still bound while its eviction
+    goes through, and its hold is for the replacement to come."""
+    if not owner_uid:
+        return list(holds)
     left: list[Hold] = []
-    used_owner_hold = False
+    used = False
     for h in holds:
-        if h.holder_uid == uid:
-            continue
-        if owner_uid and h.owner_uid == owner_uid and h.node == node and not used_owner_hold:
-            used_owner_hold = True
+        if not used and h.owner_uid == owner_uid and h.node == node and h.holder_uid != uid:
+            used = True
             continue
         left.append(h)
     return left

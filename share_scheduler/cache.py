@@ -481,8 +481,18 @@ class ClusterCache:
             # nodeName never goes from set to unset for one pod: this event predates the Binding.
             return
         self._note_request(facts)
+        newly_bound = bool(record.node) and (
+            (old.uid != record.uid or not old.node) if old is not None else not record.started
+        )
         self.holds.pod_seen(
-            record.key, record.uid, record.node, record.owner_uid, facts.finished, facts.holds, facts.hold_problem
+            record.key,
+            record.uid,
+            record.node,
+            record.owner_uid,
+            facts.finished,
+            facts.holds,
+            facts.hold_problem,
+            newly_bound,
         )
         self.waiting.seen(record.key, record.uid, record.node, facts.waiting)
         self._pods[record.key] = record

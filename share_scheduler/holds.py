@@ -27,6 +27,7 @@ from cachetools import TTLCache
 from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import after_bind
+from share_core.holds import after_replacement_bound
 from share_core.holds import held_units
 from share_core.holds import pod_controller_uid
 from share_core.holds import pod_priority
@@ -153,10 +154,13 @@ class HoldBook:
         finished: bool,
         holds: tuple[Hold, ...] | None,
         problem: str = "",
+        newly_bound: bool = False,
     ) -> None:
         """A pod as the watch shows it. `holds` None: the pod's annotation says nothing, so it holds
         nothing, except what the leader added here within ECHO_GRACE (the annotation is on its way); a
-        finished pod holds nothing any more."""
+        finished pod holds nothing any more. `newly_bound`: this event is its Binding's echo (the cache
+        knew it unbound, or first sees it bound and not started): only then may it use a hold kept for
+        its controller's pods (a running pod's later events, the moved pod's own above all, never do)."""
         with self._lock:
             changed = False
             if problem:
@@ -176,7 +180,7 @@ class HoldBook:
             elif holds is not None and not problem:
                 live = tuple(h for h in holds if not h.expired(self._clock()))
                 if node:  # bound: its own holds are spent; what it kept for others stays
-                    live = tuple(after_bind(live, uid, "", node))
+                    live = tuple(after_bind(live, uid))
                 if live:
                     self._anchors[key] = Anchor(uid, live)
                 elif anchor is not None:
@@ -186,11 +190,11 @@ class HoldBook:
                 pending = anchor.added is not None and self._clock() - anchor.added < ECHO_GRACE
                 kept = anchor.holds if pending else ()
                 if node:
-                    kept = tuple(after_bind(kept, uid, "", node))
+                    kept = tuple(after_bind(kept, uid))
                 if kept != anchor.holds:
                     self._anchors[key] = Anchor(uid, kept, anchor.added)
                     changed = True
-            if node and self._count:
+            if node and newly_bound and self._count:
                 changed |= self._spend_owner_hold(uid, owner_uid, node)
             if changed:
                 if key in self._anchors and not self._anchors[key].holds:
@@ -198,11 +202,11 @@ class HoldBook:
                 self._recount()
 
     def _spend_owner_hold(self, uid: str, owner_uid: str, node: str) -> bool:
-        """A pod bound to `node`: a hold its controller had there (a moved pod placed again) is used up."""
+        """A pod newly bound to `node`: a hold its controller had there (a moved pod placed again) is used up."""
         if not owner_uid:
             return False
         for key, anchor in self._anchors.items():
-            left = after_bind(anchor.holds, uid, owner_uid, node)
+            left = after_replacement_bound(anchor.holds, uid, owner_uid, node)
             if len(left) != len(anchor.holds):
                 self._anchors[key] = Anchor(anchor.uid, tuple(left))
                 return True

@@ -11,6 +11,7 @@ from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import InvalidHolds
 from share_core.holds import after_bind
+from share_core.holds import after_replacement_bound
 from share_core.holds import encode_holds
 from share_core.holds import held_units
 from share_core.holds import may_preempt
@@ -139,9 +140,18 @@ def test_after_bind_spends_own_holds_and_one_owner_hold_on_that_node():
         hold(holder_uid="moved-2", owner_uid="rs", node="n1"),
         hold(holder_uid="moved-3", owner_uid="rs", node="n2"),
     ]
-    assert [h.holder_uid for h in after_bind(holds, "waiting", "", "n9")] == ["moved-1", "moved-2", "moved-3"]
-    left = after_bind(holds, "replacement", "rs", "n1")
+    assert [h.holder_uid for h in after_bind(holds, "waiting")] == ["moved-1", "moved-2", "moved-3"]
+    left = after_replacement_bound(holds, "replacement", "rs", "n1")
     assert [h.holder_uid for h in left] == ["waiting", "moved-2", "moved-3"]
+    assert after_replacement_bound(holds, "replacement", "", "n1") == holds  # no controller: nothing of its
+
+
+def test_the_moved_pod_itself_never_spends_the_hold_kept_for_its_replacement():
+    """The moved pod is still bound (its eviction under way) when the hold is made; its own later events
+    carry its controller and its node, as the replacement's will."""
+    holds = [hold(holder_uid="waiting"), hold(holder_uid="moved-1", owner_uid="rs", node="n1")]
+    assert after_replacement_bound(holds, "moved-1", "rs", "n1") == holds
+    assert [h.holder_uid for h in after_replacement_bound(holds, "new-1", "rs", "n1")] == ["waiting"]
 
 
 def test_what_a_pod_says_about_itself():

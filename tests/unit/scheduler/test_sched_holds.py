@@ -9,6 +9,7 @@ from share_core.contract import ANN_HOLDS
 from share_core.holds import Hold
 from share_core.holds import HoldKind
 from share_core.holds import encode_holds
+from share_scheduler.cache import ClusterCache
 from share_scheduler.starvation import StarvationConfig
 from tests.unit.scheduler.conftest import assigned_pod
 from tests.unit.scheduler.conftest import bind_args
@@ -28,6 +29,14 @@ def holder(name="big", mem=10, priority=1000, kind=HoldKind.PREEMPTION, gpus=(0,
     pod = with_priority(make_pod(name, mem), priority)
     h = Hold(kind, node, tuple(gpus), mem, priority, time.time() + ttl, pod["metadata"]["uid"], f"default/{name}")
     pod["metadata"]["annotations"][ANN_HOLDS] = encode_holds([h])
+    return pod
+
+
+def owned(pod, uid="rs", started=False):
+    """`pod` owned by the ReplicaSet `uid` (and started by kubelet, `started`)."""
+    pod["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "rs", "uid": uid, "controller": True}]
+    if started:
+        pod["status"] = {"phase": "Running", "startTime": "2026-11-29T00:00:00Z"}
     return pod
 
 
@@ -189,3 +198,47 @@ def test_a_reservation_never_yields_to_the_pods_it_serves(kube, extender_factory
     assert passes(ext, pair) == []  # GPU 0 shows 6 free: the pair needs 8 on each of two
     solo = waited(with_priority(make_pod("solo", 8, count=1), 100), 3600)
     assert passes(ext, solo) == ["node-a"]
+
+
+def test_only_a_newly_bound_pod_of_the_controller_uses_the_hold_kept_for_a_moved_pod():
+    """A consolidation holds GPU 1 for the replacement of the pod it moves off GPU 0 (same node). The moved
+    pod's own later events (bound, of that controller, its eviction under way) and a running sibling's
+    must leave that hold alone; the replacement's Binding uses it up (issue 40's live flake: the moved
+    pod's events spent it, and it came back with the anchor's next echo)."""
+    cache = ClusterCache()
+    cache.upsert_node(make_node("node-a", [16, 16]))
+    mover = owned(assigned_pod("mover", "node-a", 0, 4), started=True)
+    cache.upsert_pod(mover)
+    now = time.time()
+    big = make_pod("big", 8)
+    big_uid, mover_uid = big["metadata"]["uid"], mover["metadata"]["uid"]
+    mine = Hold(HoldKind.CONSOLIDATION, "node-a", (0,), 8, 0, now + 300, big_uid, "default/big")
+    theirs = Hold(HoldKind.CONSOLIDATION, "node-a", (1,), 4, 0, now + 300, mover_uid, "default/mover", "rs")
+    big["metadata"]["annotations"][ANN_HOLDS] = encode_holds([mine, theirs])
+    cache.upsert_pod(big)
+
+    def held() -> list[str]:
+        return sorted(h.holder for _, h in cache.holds.holds())
+
+    assert held() == ["default/big", "default/mover"]
+    mover["metadata"]["labels"] = {"touched": "yes"}  # any later event of the moved pod
+    cache.upsert_pod(mover)
+    cache.upsert_pod(owned(assigned_pod("sibling", "node-a", 1, 2), started=True))  # first seen, running
+    assert held() == ["default/big", "default/mover"]
+    replacement = owned(make_pod("mover-2", 4))
+    cache.upsert_pod(replacement)  # pending first
+    assert held() == ["default/big", "default/mover"]
+    cache.upsert_pod(owned(assigned_pod("mover-2", "node-a", 1, 4)))  # its Binding's echo
+    assert held() == ["default/big"]
+
+
+def test_a_replacement_first_seen_bound_and_not_started_uses_the_hold():
+    """After a restart the list shows the replacement already bound: not started yet, it is the one the
+    hold was kept for."""
+    cache = ClusterCache()
+    cache.upsert_node(make_node("node-a", [16, 16]))
+    theirs = Hold(HoldKind.CONSOLIDATION, "node-a", (1,), 4, 0, time.time() + 300, "uid-gone", "default/mover", "rs")
+    big = make_pod("big", 8)
+    big["metadata"]["annotations"][ANN_HOLDS] = encode_holds([theirs])
+    cache.replace_pods([big, owned(assigned_pod("mover-2", "node-a", 1, 4))])
+    assert cache.holds.holds() == []
