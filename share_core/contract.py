@@ -49,6 +49,11 @@ ANN_ASSIGNED = ANNOTATION_PREFIX + "assigned"
 # that waited too long, a consolidation's waiting pod): a JSON list of holds (share_core/holds.py), so a
 # restarted extender or the other replica rebuilds them from the API server.
 ANN_HOLDS = ANNOTATION_PREFIX + "holds"
+# Written by the leader on a pod whose held room fits it now while kube-scheduler has not tried it again
+# (the time, RFC 3339): kube-scheduler retries a pod it found no room for only on a cluster event or after
+# five minutes, and the event that freed the room may have reached it before the extender's cache did.
+# The write is such an event (share_scheduler.starvation, "nudge").
+ANN_ROOM_READY = ANNOTATION_PREFIX + "room-ready"
 
 # Pod annotations a user may set.
 ANN_GPU_COUNT = ANNOTATION_PREFIX + "gpu-count"

@@ -123,7 +123,8 @@ def pod_is_terminating(pod: Pod) -> bool:
 # -- the annotation ---------------------------------------------------------------------------------
 
 
-def _rfc3339(ts: float) -> str:
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch as RFC 3339, UTC, whole seconds (the annotations' times)."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -149,7 +150,7 @@ def encode_holds(holds: Iterable[Hold]) -> str:
             "gpus": list(h.gpus),
             "perGpu": h.per_gpu,
             "priority": h.priority,
-            "expires": _rfc3339(math.ceil(h.expires)),
+            "expires": rfc3339(math.ceil(h.expires)),
             "holderUID": h.holder_uid,
         }
         if h.holder:

@@ -213,6 +213,12 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.room_ready_nudges = Counter(
+            "gpushare_room_ready_nudges",
+            "pods whose held room fit them while kube-scheduler did not try them again, asked to (the "
+            "gpushare.io/room-ready annotation): its try had come before this extender saw the room free",
+            registry=self.registry,
+        )
         self.pod_wait = Histogram(
             "gpushare_pod_wait_seconds",
             "how long GPU pods waited from creation until bound, by class (share, whole-gpu, multi-gpu)",
@@ -241,6 +247,7 @@ class Metrics:
             reservation=lambda outcome: self.reservations.labels(outcome).inc(),
             consolidation=lambda outcome: self.consolidations.labels(outcome).inc(),
             eviction=lambda outcome: self.consolidation_evictions.labels(outcome).inc(),
+            nudge=self.room_ready_nudges.inc,
         )
 
 

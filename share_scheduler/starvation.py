@@ -47,6 +47,7 @@ from typing import Any
 from share_core.assignment import parse_assignment
 from share_core.contract import ANN_HOLDS
 from share_core.contract import ANN_MOVABLE
+from share_core.contract import ANN_ROOM_READY
 from share_core.contract import EVENT_CONSOLIDATING
 from share_core.contract import EVENT_CONSOLIDATION_EVICTED
 from share_core.contract import EVENT_CONSOLIDATION_REFUSED
@@ -59,6 +60,7 @@ from share_core.holds import encode_holds
 from share_core.holds import pod_controller_uid
 from share_core.holds import pod_is_terminating
 from share_core.holds import pod_priority
+from share_core.holds import rfc3339
 from share_core.kube import Conflict
 from share_core.kube import KubeClient
 from share_core.kube import KubeError
@@ -69,6 +71,7 @@ from share_core.request import pod_request
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import Policy
+from share_placement import fits
 from share_placement.starvation import ConsolidationPlan
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
@@ -92,6 +95,7 @@ log = logging.getLogger(__name__)
 RECREATING_KINDS = frozenset({"ReplicaSet", "StatefulSet", "Job"})
 NODES_WEIGHED = 8  # nodes read from the API per decision to check the pod's static filters (soonest first)
 MY_KINDS = (HoldKind.RESERVATION, HoldKind.CONSOLIDATION)
+NUDGE_EVERY = 60.0  # seconds between two nudges of one pod (`Starvation._nudge`)
 
 
 _SIM = ReservationLimits()  # share-sim's defaults: the extender's too (one set of rules)
@@ -206,6 +210,7 @@ class PassReport:
     consolidated: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    nudged: list[str] = field(default_factory=list)  # holders told their room is ready (ANN_ROOM_READY)
     skipped: str = ""
 
 
@@ -217,10 +222,12 @@ class StarvationMetrics:
         reservation: Callable[[str], None] = lambda outcome: None,
         consolidation: Callable[[str], None] = lambda outcome: None,
         eviction: Callable[[str], None] = lambda outcome: None,
+        nudge: Callable[[], None] = lambda: None,
     ) -> None:
         self.reservation = reservation
         self.consolidation = consolidation
         self.eviction = eviction
+        self.nudge = nudge
 
 
 class Starvation:
@@ -252,6 +259,8 @@ class Starvation:
         self._refused: dict[str, float] = {}  # pod key -> until when consolidation leaves it alone
         self._tried: dict[str, float] = {}  # waiting pod uid -> when consolidation last weighed it
         self._told: dict[str, str] = {}  # waiting pod key -> the last refusal it was told (one Event each)
+        self._ready: dict[str, float] = {}  # holder uid -> since when its held room fits it (`_nudge`)
+        self._nudged: dict[str, float] = {}  # holder uid -> when it was last told so
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
@@ -306,6 +315,7 @@ class Starvation:
         report.starving = len(waiting)
         self._forget(waiting, now)
         mine = [h for _, h in self.cache.holds.holds() if h.kind in MY_KINDS]
+        self._nudge(waiting, mine, now, report)
         holding = {h.holder_uid for h in mine}
         due = {
             h.holder_uid: h
@@ -332,7 +342,55 @@ class Starvation:
         keys = {pod.key for _, pod in waiting.values()}
         self._tried = {uid: t for uid, t in self._tried.items() if uid in waiting}
         self._told = {key: why for key, why in self._told.items() if key in keys}
+        self._nudged = {uid: t for uid, t in self._nudged.items() if uid in waiting}
         self._refused = {key: until for key, until in self._refused.items() if until > now}
+
+    def _nudge(
+        self, waiting: Mapping[str, tuple[Waiter, WaitingPod]], mine: list[Hold], now: float, report: PassReport
+    ) -> None:
+        """Ask kube-scheduler to try again a pod whose held room fits it now, a pass after it first did.
+
+        kube-scheduler retries a pod the extender turned down only on a cluster event (any, for an
+        extender's refusal) or after five minutes (podMaxInUnschedulablePodsDuration). When the event
+        that freed the room (a consolidation's eviction, the last pod leaving a reserved GPU) reached it
+        before this extender's cache, the try it caused was turned down and, in a quiet cluster, nothing
+        comes for minutes. Writing ANN_ROOM_READY on the pod is an update kube-scheduler requeues it on;
+        at most once per NUDGE_EVERY a pod, and only for the few pods that hold room."""
+        nodes: dict[str, set[str]] = {}
+        for h in mine:
+            if h.holder_uid in waiting:
+                nodes.setdefault(h.holder_uid, set()).add(h.node)
+        ready: dict[str, float] = {}
+        for uid, held_nodes in nodes.items():
+            pod = waiting[uid][1]
+            against = self.cache.holds.against(Asker(pod.uid, pod.priority, pod.owner_uid))
+            for node in sorted(held_nodes):
+                snap = self.cache.node_snapshot(node, against.get(node))
+                if snap is not None and fits(snap.state, pod.demand):
+                    ready[uid] = self._ready.get(uid, now)
+                    break
+        self._ready = ready
+        for uid, since in ready.items():
+            if now - since < self.config.period or now - self._nudged.get(uid, -NUDGE_EVERY) < NUDGE_EVERY:
+                continue
+            pod = waiting[uid][1]
+            self._nudged[uid] = now
+            try:
+                self.kube.patch_pod_annotations(pod.namespace, pod.name, {ANN_ROOM_READY: rfc3339(now)})
+            except NotFound:
+                continue
+            except KubeError as exc:
+                log.warning("pod %s: could not ask kube-scheduler to try it again: %s", pod.key, exc)
+                continue
+            self.metrics.nudge()
+            report.nudged.append(pod.key)
+            log.info(
+                "pod %s: the room held for it fits it now, but kube-scheduler has not placed it for %.0fs (its "
+                "last try came before this extender saw the room free): asking it to try again (%s)",
+                pod.key,
+                now - since,
+                ANN_ROOM_READY,
+            )
 
     def _cluster_units(self, states: Mapping[str, NodeState]) -> int:
         return sum(g.total for n in states.values() for g in n.gpus if g.healthy)

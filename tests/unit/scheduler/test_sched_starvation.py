@@ -11,6 +11,7 @@ import pytest
 
 from share_core.contract import ANN_HOLDS
 from share_core.contract import ANN_MOVABLE
+from share_core.contract import ANN_ROOM_READY
 from share_core.contract import EVENT_CONSOLIDATING
 from share_core.contract import EVENT_CONSOLIDATION_EVICTED
 from share_core.contract import EVENT_CONSOLIDATION_REFUSED
@@ -204,6 +205,40 @@ def test_reservation_holds_the_soonest_gpu_against_small_pods_until_the_big_pod_
     metrics = ext.client.get("/metrics").get_data(as_text=True)
     assert 'gpushare_pod_wait_seconds_count{class="whole-gpu"} 1.0' in metrics  # its wait, from creation to bind
     assert ext.call("filter", filter_args(make_pod("after", 4), ["node-b"]))["NodeNames"] == []
+
+
+def test_a_holder_whose_room_is_ready_but_not_retried_is_nudged_once_a_pass_later(kube, extender_factory):
+    """kube-scheduler retries a pod the extender turned down only on a cluster event (or after five
+    minutes): when the event that freed the held room reached it before the extender's cache, nothing
+    else comes. The leader writes gpushare.io/room-ready on such a pod (an update kube-scheduler requeues
+    it on), a pass after it first saw the room fit, at most once a minute, and never while it does not fit."""
+    cluster(kube, aged(make_pod("big", 16), 120))
+    config = StarvationConfig(wait_threshold=60, period=10, hold_seconds=600, max_share=0.5, min_gpus=1)
+    ext = ready(extender_factory(starvation=config), "default/big")
+    loop = loop_of(ext)
+    t0 = time.time()
+
+    def pass_at(offset):
+        loop._clock = lambda: t0 + offset
+        return loop.run_once()
+
+    def nudged():
+        return kube.pods[("default", "big")]["metadata"]["annotations"].get(ANN_ROOM_READY)
+
+    assert pass_at(0).reserved == ["default/big"]
+    assert pass_at(30).nudged == [] and nudged() is None  # GPU 0 not drained: nothing to say
+    kube.set_pod_phase("default", "a0", "Succeeded")
+    wait_until(lambda: ext.cache.usage()["node-a"][0] == 0, what="a0 gone")
+    assert pass_at(40).nudged == []  # first seen ready: kube-scheduler's own retry may be on its way
+    assert pass_at(50).nudged == ["default/big"]
+    assert nudged() == datetime.fromtimestamp(t0 + 50, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert pass_at(60).nudged == [] and pass_at(100).nudged == []  # once a minute at most
+    assert pass_at(111).nudged == ["default/big"]
+    assert "gpushare_room_ready_nudges_total 2.0" in ext.client.get("/metrics").get_data(as_text=True)
+    # Taken again (a pod of the same priority cannot, but the cache may see anything): no longer ready.
+    kube.add_pod(assigned_pod("late", "node-a", 0, 8))
+    wait_until(lambda: ext.cache.usage()["node-a"][0] == 8, what="GPU 0 taken")
+    assert pass_at(200).nudged == [] and pass_at(300).nudged == []
 
 
 def test_a_reservation_about_to_expire_while_its_pod_waits_is_renewed_in_place(kube, extender_factory):
