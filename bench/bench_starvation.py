@@ -4,7 +4,8 @@ python bench/bench_starvation.py [--configs bestfit:off,frag:off,frag:on,binpack
     [--rho 0.9,1.0] [--seeds 5] [--days 3] [--warmup-days 1] [--jobs 2] [--out DIR] [--table-only]
 
 A config is POLICY:REMEDIES, REMEDIES one of off, on (all three: --leave-room, --reserve and --consolidate
-with their defaults), room, reserve, consolidate (one alone). Every (config, rho, seed) is one share-sim
+with their defaults), room, reserve, consolidate (one alone), or some of them joined by "+" (room+reserve:
+the chart's reservations with leaveRoom on, consolidation off). Every (config, rho, seed) is one share-sim
 timeline run on the openb default trace (Poisson arrivals, the same arrivals for every config of a seed);
 each run's figures are written to DIR as one JSON line (`--out`, default /tmp/bench_starvation), and a
 run already there is not run again, so the comparison can be built in pieces. Then the table: per config
@@ -39,7 +40,20 @@ REMEDIES = {
     "reserve": RemedyOptions(reserve=True),
     "consolidate": RemedyOptions(consolidate=True),
 }
+PARTS = {"room": "leave_room", "reserve": "reserve", "consolidate": "consolidate"}
 BASELINE = "bestfit:off"
+
+
+def remedy_options(spec: str) -> RemedyOptions | None:
+    """The options a config's REMEDIES names (None: not a known name or combination)."""
+    if spec in REMEDIES:
+        return REMEDIES[spec]
+    parts = spec.split("+")
+    if len(parts) < 2 or len(set(parts)) != len(parts) or not set(parts) <= set(PARTS):
+        return None
+    return RemedyOptions(**{PARTS[p]: True for p in parts})
+
+
 _WORKLOAD = None
 
 
@@ -53,7 +67,8 @@ def _workload(nodes: str, pods: str):
 def run_one(nodes: str, pods: str, config: str, rho: float, seed: int, days: float, warmup: float) -> dict:
     workload = _workload(nodes, pods)
     policy_name, remedies = config.split(":")
-    options = REMEDIES[remedies]
+    options = remedy_options(remedies)
+    assert options is not None, remedies
     arrivals = poisson_arrivals(workload, rho, days, 1.0, seed)
     policy = build_policy(policy_name, seed, workload)
     cpu0 = time.process_time()
@@ -197,8 +212,8 @@ def main() -> None:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     for c in configs:
         policy, _, remedies = c.partition(":")
-        if not policy or remedies not in REMEDIES:
-            ap.error(f"config {c!r}: expected POLICY:{'|'.join(REMEDIES)}")
+        if not policy or remedy_options(remedies) is None:
+            ap.error(f"config {c!r}: expected POLICY:{'|'.join(REMEDIES)} or some of {'+'.join(PARTS)}")
     rhos = [float(r) for r in args.rho.split(",")]
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
     out = Path(args.out)

@@ -161,7 +161,8 @@ def leave_room_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) 
         choices=ON_OFF,
         default=d("on" if c.leave_room else "off"),
         help="the placement policy steers pods off the GPUs that multi-GPU pods found waiting (unschedulable) "
-        "need, as share-sim's `timeline --leave-room on` does (default off)",
+        "need, as share-sim's `timeline --leave-room on` does (default off; the chart renders on unless "
+        "reservations.leaveRoom is false)",
     )
     p.add_argument(
         "--leave-room-linger",

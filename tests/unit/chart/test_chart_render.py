@@ -275,14 +275,15 @@ def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs
 
 
 def test_leave_room_value_reaches_the_extender(default_docs: list[Obj], all_docs: list[Obj]) -> None:
-    """reservations.leaveRoom renders share-scheduler's --leave-room (off by default, as the flag is)."""
+    """reservations.leaveRoom renders share-scheduler's --leave-room: on by default in the chart (the flag
+    itself defaults to off), off when set false."""
     from share_scheduler.cli import starvation_config
 
     default, every = extender_args(default_docs), extender_args(all_docs)
-    assert (default.leave_room, starvation_config(default).leave_room) == ("off", False)
     # (Read through share-scheduler's own --config parsing: an unquoted `on` in the ConfigMap would be
     # YAML's true, which the flag refuses.)
-    assert (every.leave_room, starvation_config(every).leave_room) == ("on", True)
+    assert (default.leave_room, starvation_config(default).leave_room) == ("on", True)
+    assert (every.leave_room, starvation_config(every).leave_room) == ("off", False)
 
 
 @both
