@@ -11,6 +11,7 @@ from the lists (the extender's time to ready, in process) and the process RSS wi
 By default each round is one scheduling cycle of a new pod (the cluster changes between rounds);
 --no-churn repeats one pod on an unchanged cluster.
 Run: python bench/bench_extender.py [--nodes N --gpus G --pods P --cpu-pods C --rounds R --policy binpack|frag]
+    [--leave-room on|off]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from share_core.contract import EXTENDER_PREFIX
 from share_core.contract import RESOURCE_MEM
 from share_core.fake import FakeKube
 from share_scheduler.app import create_app
+from share_scheduler.starvation import StarvationConfig
 from share_scheduler.syncer import settle_gc
 
 
@@ -98,12 +100,20 @@ def main() -> int:
         help="repeat one pod's filter/prioritize on an unchanged cluster (default: each round a new pod "
         "of a varying size arrives, is filtered, prioritized and bound, so the cluster changes between rounds)",
     )
+    ap.add_argument(
+        "--leave-room",
+        choices=("on", "off"),
+        default="off",
+        help="wrap the policy in room for what waits, as the chart's default reservations.leaveRoom does (no "
+        "multi-GPU pod waits here: what the wrapper costs when idle)",
+    )
     a = ap.parse_args()
     rng = random.Random(1)
     base = rss_mib()
 
     kube = FakeKube()  # holds only the pending pods the bind benchmark binds
-    app = create_app(kube, policy=a.policy, start_sync=False)
+    room = StarvationConfig(reserve=False, leave_room=a.leave_room == "on")
+    app = create_app(kube, policy=a.policy, start_sync=False, starvation=room)
     cache = app.extensions["gpushare"]["cache"]
     names = [f"node-{i:05d}" for i in range(a.nodes)]
     t0 = time.perf_counter()
