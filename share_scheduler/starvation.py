@@ -371,7 +371,7 @@ class Starvation:
                     break
         self._ready = ready
         for uid, since in ready.items():
-            if now - since < self.config.period or now - self._nudged.get(uid, -NUDGE_EVERY) < NUDGE_EVERY:
+            if now - since < self.config.period or now - self._nudged.get(uid, float("-inf")) < NUDGE_EVERY:
                 continue
             pod = waiting[uid][1]
             self._nudged[uid] = now
