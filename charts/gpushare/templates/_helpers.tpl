@@ -177,6 +177,7 @@ remedyMinGpus: {{ $r.minGpus }}
 maxReservations: {{ $r.maxPods }}
 reservationShare: {{ $r.maxShare }}
 holdSeconds: {{ $r.holdSeconds }}
+reserveByLifetimes: {{ $r.byLifetimes }}
 {{- if not (kindIs "invalid" $r.yieldAfterSeconds) }}
 holdYieldAfter: {{ $r.yieldAfterSeconds }}
 {{- end }}
