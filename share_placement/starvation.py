@@ -47,28 +47,17 @@ from share_placement.model import model_allowed
 @dataclass(frozen=True, slots=True)
 class Shortfall:
     """How far `node` is from taking a demand: the GPUs it would use (`gpus`, indices), how many of
-    them lack room now (`short`), the units still to free on them (`drain`) and, where the running pods'
-    expected departures are known (`ready_in`), the seconds until the last of them frees (`eta`; 0 when
-    not weighed)."""
+    them lack room now (`short`) and the units still to free on them (`drain`)."""
 
     node: str
     gpus: tuple[int, ...]
     short: int
     drain: int
-    eta: float = 0.0
 
     @property
-    def key(self) -> tuple[float, int, int, str]:
-        """Soonest first: the earliest expected room, then fewest GPUs short, then least to drain, then
-        the node's name (stable)."""
-        return (self.eta, self.short, self.drain, self.node)
-
-
-# A running pod as a reservation weighs it: its GPUs (indices), its units on each, and how long it has run
-# (seconds). Per node: Mapping[str, Sequence[Leaving]].
-Leaving = tuple[tuple[int, ...], int, float]
-# When pods of these ages are all likely gone, in seconds (share_placement.lifetimes.Lifetimes.gone_by).
-GoneBy = Callable[[Sequence[float]], float]
+    def key(self) -> tuple[int, int, str]:
+        """Soonest first: fewest GPUs short, then least to drain, then the node's name (stable)."""
+        return (self.short, self.drain, self.node)
 
 
 def _usable(g: GpuSlot, demand: Demand) -> bool:
@@ -95,79 +84,22 @@ def shortfall(node: NodeState, demand: Demand, held: Mapping[int, int] | None = 
     return Shortfall(node.name, tuple(sorted(i for _, i in chosen)), short, drain)
 
 
-def ready_in(
-    node: NodeState,
-    demand: Demand,
-    leaving: Sequence[Leaving],
-    gone_by: GoneBy,
-    held: Mapping[int, int] | None = None,
-) -> Shortfall | None:
-    """`shortfall` weighed by time: on each usable GPU, the running pods (`leaving`, the node's) that must
-    go for the demand's share to fit, those likely gone first taken first; the demand takes the `count`
-    GPUs whose pods are likely gone soonest (then the most free, then the lowest index), and `eta` is when
-    the pods of all of them are likely gone (`gone_by` over them together). A GPU whose known pods never
-    free enough (held, or pods the caller does not know of) is ready never (inf); None when fewer than
-    `count` usable GPUs exist, as `shortfall`."""
-    if demand.count < 1:
-        raise ValueError("ready_in is for GPU pods (count >= 1)")
-    held = held or {}
-    on_gpu: dict[int, list[tuple[float, int]]] = {}
-    for gpus, units, age in leaving:
-        for g in gpus:
-            on_gpu.setdefault(g, []).append((age, units))
-    per = demand.per_gpu
-    ready: list[tuple[float, int, int]] = []  # (eta, -free now, index)
-    blocking: dict[int, list[float]] = {}  # GPU index -> ages of the pods that must go
-    for g in node.gpus:
-        if not _usable(g, demand):
-            continue
-        room = g.free - held.get(g.index, 0)  # below 0 where the hold takes units pods still use
-        free = max(0, room)
-        ages: list[float] = []
-        if room < per:
-            pods = sorted(on_gpu.get(g.index, ()), key=lambda p: gone_by((p[0],)))
-            for age, units in pods:
-                ages.append(age)
-                room += units
-                if room >= per:
-                    break
-        eta = 0.0 if not ages and free >= per else (gone_by(ages) if room >= per else float("inf"))
-        blocking[g.index] = ages
-        ready.append((eta, -free, g.index))
-    if len(ready) < demand.count:
-        return None
-    ready.sort()
-    chosen = ready[: demand.count]
-    short = sum(1 for _, nfree, _ in chosen if -nfree < per)
-    drain = sum(per + nfree for _, nfree, _ in chosen if -nfree < per)
-    worst = max(e for e, _, _ in chosen)
-    eta = worst if worst in (0.0, float("inf")) else gone_by([a for _, _, i in chosen for a in blocking[i]])
-    return Shortfall(node.name, tuple(sorted(i for _, _, i in chosen)), short, drain, eta)
-
-
 def reservation_node(
     nodes: Iterable[NodeState],
     demand: Demand,
     taken: Iterable[str] = (),
     held: Mapping[str, Mapping[int, int]] | None = None,
-    leaving: Mapping[str, Sequence[Leaving]] | None = None,
-    gone_by: GoneBy | None = None,
 ) -> Shortfall | None:
     """The node where the demand will fit soonest (`Shortfall.key`), skipping `taken` nodes (one
     reservation a node); None when no node could ever take it. `held`: node -> GPU -> units held by
-    other pods' holds that apply to this one. `leaving` (node -> its running pods) and `gone_by`, when
-    the caller has learned run times: the node whose pods in the way are likely gone soonest
-    (`ready_in`); without them, the fewest GPUs short."""
+    other pods' holds that apply to this one."""
     skip = set(taken)
     held = held or {}
     best: Shortfall | None = None
     for node in nodes:
         if node.name in skip:
             continue
-        if leaving is None or gone_by is None:
-            sf = shortfall(node, demand, held.get(node.name))
-        else:
-            sf = ready_in(node, demand, leaving.get(node.name, ()), gone_by, held.get(node.name))
+        sf = shortfall(node, demand, held.get(node.name))
         if sf is not None and (best is None or sf.key < best.key):
             best = sf
     return best
@@ -245,8 +177,6 @@ def plan_reservations(
     limits: ReservationLimits,
     capacity: int | None = None,
     renew_within: float = 0.0,
-    leaving: Mapping[str, Sequence[Leaving]] | None = None,
-    gone_by: GoneBy | None = None,
 ) -> list[Hold]:
     """The new RESERVATION holds to make now.
 
@@ -262,9 +192,7 @@ def plan_reservations(
     its old one (the caller swaps them); its bounds are the old one's, so a renewal is never refused for
     the count or the share the old hold already took. Only a node that keeps draining is renewed
     (`keeps_draining`): one whose last pods run on for hours would hold its pod there, its other GPUs idle,
-    where the expiry lets the pod try elsewhere. Each hold records its node's shortfall when made.
-    `leaving` and `gone_by`: each node's running pods and when pods are likely gone (`reservation_node`),
-    when the caller has learned run times; then the node likely ready soonest is chosen."""
+    where the expiry lets the pod try elsewhere. Each hold records its node's shortfall when made."""
     by_name = {n.name: n for n in nodes}
     live = [h for h in holds if not h.expired(now)]
     reservations = [h for h in live if h.kind is HoldKind.RESERVATION]
@@ -297,7 +225,7 @@ def plan_reservations(
                 for g in h.gpus:
                     per[g] = per.get(g, 0) + h.per_gpu
         skip = {n for n, uid in taken.items() if uid != w.uid}
-        sf = reservation_node(nodes, d, skip, others, leaving, gone_by)
+        sf = reservation_node(nodes, d, skip, others)
         if sf is None:
             continue
         made = shortfall(by_name[sf.node], d)

@@ -48,7 +48,6 @@ from share_core.request import InvalidRequest
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import NodeView
-from share_placement.lifetimes import Lifetimes
 from share_scheduler.drastate import CLAIM_PART
 from share_scheduler.drastate import DraIndex
 from share_scheduler.holds import HoldBook
@@ -85,7 +84,6 @@ class ClusterCache:
         timer: Callable[[], float] = time.monotonic,
         on_new_pod: Callable[[Demand], None] | None = None,
         dra: bool = False,
-        wall: Callable[[], float] = time.time,
     ) -> None:
         self.unit = unit
         self.dra = dra
@@ -120,10 +118,6 @@ class ClusterCache:
         self.holds = HoldBook()
         # Unbound pods asking GPU memory, with their age (the reservations loop, waits by class).
         self.waiting = WaitingPods()
-        # How long GPU pods ran before they left (status.startTime to the first sight of their end), so a
-        # reservation can weigh when a node's pods will leave (share_placement.lifetimes).
-        self.lifetimes = Lifetimes()
-        self._wall = wall
 
     def set_observer(self, on_new_pod: Callable[[Demand], None] | None) -> None:
         """Called once per pod with its demand, GPU or not (under the cache lock: keep it quick); a pod
@@ -501,8 +495,6 @@ class ClusterCache:
             newly_bound,
         )
         self.waiting.seen(record.key, record.uid, record.node, facts.waiting)
-        if old is not None:
-            self._note_departure(old, record)
         self._pods[record.key] = record
         assumed = self._assumed.get(record.key)
         if assumed is not None and (record.node or (assumed.uid and record.uid and assumed.uid != record.uid)):
@@ -512,20 +504,8 @@ class ClusterCache:
             self._assumed.pop(record.key, None)
         self._refresh(record.key)
 
-    def _note_departure(self, old: PodRecord, new: PodRecord | None) -> None:
-        """A GPU pod that was running and now is not (terminating, finished, deleted, or replaced under
-        its name): how long it ran, for `lifetimes`."""
-        c = old.contribution
-        if c is None or not c.indices or not old.started or old.terminating:
-            return
-        if new is not None and new.uid == old.uid and new.contribution is not None and not new.terminating:
-            return
-        self.lifetimes.observe(self._wall() - old.started)
-
     def _drop_pod_locked(self, key: str) -> None:
         record = self._pods.pop(key, None)
-        if record is not None:
-            self._note_departure(record, None)
         self._assumed.pop(key, None)
         self.holds.pod_gone(key)
         self.waiting.gone(key)
@@ -560,7 +540,6 @@ class ClusterCache:
             self.waiting.keep_only(keys)
             for key in set(self._pods) - keys:
                 record = self._pods.pop(key)
-                self._note_departure(record, None)
                 self._seen_requests.discard(record.uid or key)
                 self._refresh(key)
             self._synced["pods"] = True
@@ -692,26 +671,6 @@ class ClusterCache:
             self._expire()
             pods = self._pods
             return [pods[k] for k in self._by_node.get(node, ()) if k in pods and pods[k].node == node]
-
-    def running_gpu_pods(self, nodes: Iterable[str]) -> dict[str, list[PodRecord]]:
-        """The GPU pods bound and counted on each of `nodes` (terminating ones too: they still hold their
-        GPUs), under one lock: what a reservation weighs as `leaving`."""
-        with self._lock:
-            self._expire()
-            pods, by_node = self._pods, self._by_node
-            out: dict[str, list[PodRecord]] = {}
-            for node in nodes:
-                rows = [
-                    r
-                    for k in by_node.get(node, ())
-                    if (r := pods.get(k)) is not None
-                    and r.node == node
-                    and r.contribution is not None
-                    and r.contribution.indices
-                ]
-                if rows:
-                    out[node] = rows
-            return out
 
     def record(self, key: str) -> PodRecord | None:
         """What the cache knows of a pod (namespace/name), bound or not."""

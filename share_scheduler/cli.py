@@ -14,7 +14,6 @@ from share_core.config import start_logging
 from share_core.contract import EXTENDER_DEFAULT_PORT
 from share_core.contract import MemoryUnit
 from share_placement import POLICIES
-from share_placement.lifetimes import MIN_SAMPLES
 from share_scheduler.binder import BIND_EVENTS
 from share_scheduler.config import DEFAULT_EXTENDER_URL
 from share_scheduler.config import print_config
@@ -126,15 +125,6 @@ def starvation_flags(p: argparse.ArgumentParser, d: Callable[[object], object]) 
         "empty (default): reservations never yield (share-sim's `timeline --hold-yield-after`)",
     )
     p.add_argument(
-        "--reserve-by-lifetimes",
-        action=argparse.BooleanOptionalAction,
-        default=d(c.by_lifetimes),
-        help="a reservation goes to the node whose GPU pods are expected to leave soonest, by how long they "
-        "have run and the run times of the GPU pods seen leaving (share-sim's `timeline --reserve-by-lifetimes`); "
-        f"off, or until {MIN_SAMPLES} have left: the node fewest GPUs short (default "
-        f"{'on' if c.by_lifetimes else 'off'})",
-    )
-    p.add_argument(
         "--starvation-period",
         type=float,
         default=d(c.period),
@@ -200,7 +190,6 @@ def starvation_config(a: argparse.Namespace) -> StarvationConfig:
         leave_room=a.leave_room == "on",
         leave_room_linger=a.leave_room_linger,
         yield_after=a.hold_yield_after,
-        by_lifetimes=a.reserve_by_lifetimes,
     )
 
 

@@ -73,7 +73,6 @@ from share_placement import NodeState
 from share_placement import Policy
 from share_placement import fits
 from share_placement.starvation import ConsolidationPlan
-from share_placement.starvation import Leaving
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
 from share_placement.starvation import Waiter
@@ -82,7 +81,6 @@ from share_placement.starvation import keeps_draining
 from share_placement.starvation import plan_consolidation
 from share_placement.starvation import plan_reservations
 from share_placement.starvation import queue_order
-from share_placement.starvation import ready_in
 from share_placement.starvation import renewal_horizon
 from share_placement.starvation import shortfall
 from share_placement.waiting_shapes import LINGER_S
@@ -98,9 +96,6 @@ RECREATING_KINDS = frozenset({"ReplicaSet", "StatefulSet", "Job"})
 NODES_WEIGHED = 8  # nodes read from the API per decision to check the pod's static filters (soonest first)
 MY_KINDS = (HoldKind.RESERVATION, HoldKind.CONSOLIDATION)
 NUDGE_EVERY = 60.0  # seconds between two nudges of one pod (`Starvation._nudge`)
-# The age a terminating pod is weighed at (`Starvation._leaving`): below 0, gone already
-# (share_placement.lifetimes.Lifetimes.gone_by), as it leaves within its grace period.
-LEAVING_NOW = -1.0
 
 
 _SIM = ReservationLimits()  # share-sim's defaults: the extender's too (one set of rules)
@@ -129,10 +124,6 @@ class StarvationConfig:
     # has waited longer than this (s); None: never (share_core.holds.reservations_yield; share-sim's
     # `--hold-yield-after`).
     yield_after: float | None = None
-    # A reservation picks the node whose pods are expected to leave soonest, by the run times of the GPU
-    # pods seen leaving (share_placement.lifetimes; share-sim's `--reserve-by-lifetimes`); off, or until
-    # enough pods have left: the fewest GPUs short.
-    by_lifetimes: bool = True
 
     def check(self) -> ReservationLimits:
         """The rules' limits; ValueError naming the first knob out of range."""
@@ -479,18 +470,9 @@ class Starvation:
             )
             return False
         left = dict(states)
-        leaving = self._leaving(states, now)
         for _ in range(NODES_WEIGHED):
             planned = plan_reservations(
-                [waiter],
-                list(left.values()),
-                live,
-                now,
-                self.limits,
-                capacity,
-                renew_within=self.renew_within,
-                leaving=leaving,
-                gone_by=self.cache.lifetimes.gone_by,
+                [waiter], list(left.values()), live, now, self.limits, capacity, renew_within=self.renew_within
             )
             if not planned:
                 break
@@ -500,28 +482,10 @@ class Starvation:
                 log.debug("pod %s: node %s left out of its reservation: %s", pod.key, hold.node, why)
                 del left[hold.node]
                 continue
-            return self._made(pod, hold, states[hold.node], now, report, renewing, leaving)
+            return self._made(pod, hold, states[hold.node], now, report, renewing)
         self.metrics.reservation("no_node")
         log.info("pod %s waited %.0fs but no node without a reservation could ever take it", pod.key, pod.waited(now))
         return False
-
-    def _leaving(self, states: Mapping[str, NodeState], now: float) -> dict[str, list[Leaving]] | None:
-        """Each node's running GPU pods with how long each has run (status.startTime; a terminating pod
-        counts as leaving now, a pod not started yet as just started), for reservations weighed by the run
-        times of the pods seen leaving; None when off or too few have left to tell (then the fewest GPUs
-        short decides)."""
-        if not self.config.by_lifetimes or not self.cache.lifetimes.ready:
-            return None
-        out: dict[str, list[Leaving]] = {}
-        for node, records in self.cache.running_gpu_pods(states).items():
-            rows: list[Leaving] = []
-            for r in records:
-                c = r.contribution
-                assert c is not None  # running_gpu_pods keeps only counted GPU pods
-                age = LEAVING_NOW if r.terminating else (max(0.0, now - r.started) if r.started else 0.0)
-                rows.append((c.indices, c.per_gpu, age))
-            out[node] = rows
-        return out
 
     def _node_refuses(self, pod: Mapping[str, Any], node: str) -> str:
         try:
@@ -530,14 +494,7 @@ class Starvation:
             return f"cannot read the node: {exc}"
 
     def _made(
-        self,
-        pod: WaitingPod,
-        hold: Hold,
-        state: NodeState,
-        now: float,
-        report: PassReport,
-        renewing: Hold | None,
-        leaving: Mapping[str, list[Leaving]] | None = None,
+        self, pod: WaitingPod, hold: Hold, state: NodeState, now: float, report: PassReport, renewing: Hold | None
     ) -> bool:
         if not self._write_holds(pod, [hold], replacing=() if renewing is None else (renewing,)):
             return False
@@ -551,22 +508,11 @@ class Starvation:
         message = again + (
             f"waited {pod.waited(now):.0f}s: {hold.per_gpu} {unit} held on GPU {gpus} of node {hold.node} against "
             f"pods of priority {pod.priority} or lower for {self.limits.ttl_s:.0f}s "
-            f"({f'{drain} {unit} still to drain there' if drain else 'it fits there now'}"
-            f"{self._eta(hold, state, pod, leaving)})"
+            f"({f'{drain} {unit} still to drain there' if drain else 'it fits there now'})"
         )
         log.info("pod %s: %s", pod.key, message)
         self._event(pod.ref(), EVENT_RESERVED, message)
         return True
-
-    def _eta(self, hold: Hold, state: NodeState, pod: WaitingPod, leaving: Mapping[str, list[Leaving]] | None) -> str:
-        """ ", expected ready in about N min" when the hold was weighed by run times, for the Event."""
-        if leaving is None:
-            return ""
-        life = self.cache.lifetimes
-        ready = ready_in(state, pod.demand, leaving.get(hold.node, ()), life.gone_by)
-        if ready is None or ready.eta == 0 or ready.eta == float("inf"):
-            return ""
-        return f", likely free (even odds) in {ready.eta / 60:.0f} min by the run times of {len(life)} pods that left"
 
     def _host_could_fit(self, node: str, demand: Demand) -> bool:
         """Whether the node's allocatable CPU and memory could ever take the pod (what drains is GPU memory)."""

@@ -45,10 +45,8 @@ from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import NodeView
 from share_placement import Policy
-from share_placement.lifetimes import Lifetimes
 from share_placement.room import RoomForWaiting
 from share_placement.starvation import ConsolidationPlan
-from share_placement.starvation import Leaving
 from share_placement.starvation import Overlay
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
@@ -86,9 +84,6 @@ class RemedyOptions:
     # as free, so a hold redirects small pods but makes none wait much longer than this (pods the
     # remedies serve keep seeing it: reservations order them). None: reservations never yield.
     yield_after_s: float | None = None
-    # Reservations pick the node expected ready soonest, from the run times of the pods that left
-    # (share_placement.lifetimes); off: the fewest GPUs short.
-    by_lifetimes: bool = False
 
     def __post_init__(self) -> None:
         if self.min_gpus < 1 or not self.tick_s > 0 or self.linger_s < 0 or self.consolidate_after_s < 0:
@@ -142,30 +137,6 @@ class RemedyHooks(TimelineHooks):
         self._held_until = math.inf
         self._held_cache: dict[tuple[int, int | None, bool], dict[int, NodeView] | None] = {}
         self._yield_next = 0  # the first arrival not yet past `yield_after_s` (arrivals are in time order)
-        self.lifetimes = Lifetimes()  # run times of the pods that left, for reservations `by_lifetimes`
-
-    def departed(self, timeline: Timeline, seq: int) -> None:
-        # A GPU pod that leaves ran its whole duration since its (last) placement (the extender, too, learns
-        # from GPU pods only: ClusterCache._note_departure).
-        a = timeline.arrivals[seq]
-        if timeline.pod_gpu[a.pod]:
-            self.lifetimes.observe(a.duration)
-
-    def leaving(self, timeline: Timeline, now: float) -> dict[str, list[Leaving]] | None:
-        """Each node's running GPU pods with how long each has run, as a scheduler knows them (never their
-        real end), for reservations weighed by `lifetimes`. None when not `by_lifetimes` or too few pods
-        have left to tell."""
-        if not self.options.by_lifetimes or not self.lifetimes.ready:
-            return None
-        demands, pod_demand = timeline.cluster.demands, timeline.cluster.pod_demand
-        arrivals, ends, names = timeline.arrivals, timeline.ends, self.names
-        out: dict[str, list[Leaving]] = {}
-        for seq, (node, positions) in timeline.where.items():
-            a = arrivals[seq]
-            d = demands[pod_demand[a.pod]]
-            if d.count:
-                out.setdefault(names[node], []).append((tuple(positions), d.per_gpu, now - (ends[seq] - a.duration)))
-        return out
 
     def yielded(self, timeline: Timeline, seq: int) -> bool:
         """Whether reservations yield to arrival `seq`: a pod below `min_gpus` GPUs that has waited longer
@@ -307,7 +278,6 @@ class RemedyHooks(TimelineHooks):
         hosts = [(n.cpu, n.memory) for n in timeline.workload.nodes]
         current = live
         left: set[int] = set()  # nodes a renewal moved away from: their room is for the queue again
-        leaving = self.leaving(timeline, now)
         for w in queue_order(waiters):
             d = w.demand
             fit = [
@@ -315,17 +285,7 @@ class RemedyHooks(TimelineHooks):
                 for node, (cpu, mem) in zip(nodes, hosts, strict=True)
                 if (cpu is None or cpu >= d.cpu) and (mem is None or mem >= d.memory)
             ]
-            for hold in plan_reservations(
-                [w],
-                fit,
-                current,
-                now,
-                limits,
-                timeline.capacity,
-                renew_within=horizon,
-                leaving=leaving,
-                gone_by=self.lifetimes.gone_by,
-            ):
+            for hold in plan_reservations([w], fit, current, now, limits, timeline.capacity, renew_within=horizon):
                 old = [h for h in current if h.kind is HoldKind.RESERVATION and h.holder_uid == hold.holder_uid]
                 left.update(self.index[h.node] for h in old if h.node != hold.node)
                 current = [h for h in current if not any(h is o for o in old)] + [hold]

@@ -42,14 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="move movable pods to place a waiting multi-GPU pod (default off)",
     )
     g.add_argument(
-        "--reserve-by-lifetimes",
-        type=_on_off,
-        default=d.by_lifetimes,
-        metavar="on|off",
-        help="a reservation picks the node whose pods are expected to leave soonest, from the run times of "
-        f"the pods that left (default {'on' if d.by_lifetimes else 'off'}; off: the fewest GPUs short)",
-    )
-    g.add_argument(
         "--reserve-after",
         type=float,
         default=lim.after_s,
@@ -131,5 +123,4 @@ def options_from(args: argparse.Namespace) -> RemedyOptions:
         evictions_per_minute=args.evictions_per_minute,
         movable_fraction=args.movable_fraction,
         yield_after_s=args.hold_yield_after,
-        by_lifetimes=args.reserve_by_lifetimes,
     )

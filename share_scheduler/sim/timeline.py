@@ -179,9 +179,6 @@ class TimelineHooks:
     def after_event(self, timeline: Timeline, now: float) -> None:
         """Called after every event, at time `now`."""
 
-    def departed(self, timeline: Timeline, seq: int) -> None:
-        """Arrival `seq` left at its end (not a hook's move), before its room is retried."""
-
 
 @dataclass(slots=True)
 class Series:
@@ -513,8 +510,6 @@ class Timeline:
                 _, seq = heapq.heappop(departures)
                 if self.ends.get(seq) != td:  # released by a hook since: this departure is void
                     continue
-                if self.hooks is not None:
-                    self.hooks.departed(self, seq)
                 self.retry_on(self.release(seq))
             else:
                 if ta > end:

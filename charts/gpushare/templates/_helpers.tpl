@@ -177,7 +177,6 @@ remedyMinGpus: {{ $r.minGpus }}
 maxReservations: {{ $r.maxPods }}
 reservationShare: {{ $r.maxShare }}
 holdSeconds: {{ $r.holdSeconds }}
-reserveByLifetimes: {{ $r.byLifetimes }}
 {{- if not (kindIs "invalid" $r.yieldAfterSeconds) }}
 holdYieldAfter: {{ $r.yieldAfterSeconds }}
 {{- end }}

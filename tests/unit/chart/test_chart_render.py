@@ -269,8 +269,6 @@ def test_waiting_pod_values_reach_the_extender(default_docs: list[Obj], all_docs
         1,
     )
     assert (every.reservation_share, every.hold_seconds) == (0.1, 300)
-    # Reservations weigh the pods' expected departures unless told not to.
-    assert (default.reserve_by_lifetimes, config.by_lifetimes, every.reserve_by_lifetimes) == (True, True, False)
     # Reservations never yield unless told (a null value renders nothing, so the flag keeps its default).
     assert (default.hold_yield_after, config.yield_after, every.hold_yield_after) == (None, None, 45.0)
     assert (every.consolidation, every.consolidation_max_moves, every.evictions_per_minute) == (True, 1, 3)

@@ -9,7 +9,6 @@ import pytest
 
 from share_placement import BinpackPolicy
 from share_placement import SpreadPolicy
-from share_placement.lifetimes import Lifetimes
 from share_placement.starvation import ReservationLimits
 from share_scheduler.sim import cli
 from share_scheduler.sim import engine
@@ -289,28 +288,3 @@ def test_the_quick_retry_on_held_nodes_places_as_the_pod_by_pod_one(name):
     assert holds_seen[True], "no retry ever ran on a held node: the test shows nothing"
     assert sum(s is not None and s > a.time for s, a in zip(runs[True][0], arrivals, strict=False)) > 20
     assert runs[False] == runs[True]
-
-
-@pytest.mark.parametrize("by_lifetimes", [False, True])
-def test_a_reservation_weighs_when_the_pods_in_the_way_are_expected_to_leave(by_lifetimes):
-    # GPU pods seen leaving ran 100 s once and 200 s three times. Two whole GPUs run on n0 from 0 (to 150);
-    # one on n1 from 90 (to 1090); the pair waits from 91; the loop runs at 110. n1 is one GPU short, n0
-    # two. By the run times n0's pods (110 s old: every longer run took 200 s) are gone 90 s on, n1's (20 s
-    # old) likely (even odds) only 180 s on: weighing them, n0 is held; without, n1, the fewest GPUs short
-    # (its pod, in fact, runs to 1090).
-    arrivals = [Arrival(0, 4, 150), Arrival(0.1, 4, 150), Arrival(90, 4, 1000), Arrival(91, 1, 100), Arrival(110, 2, 1)]
-    limits = ReservationLimits(after_s=10, max_holds=1, max_share=1.0)
-    options = RemedyOptions(reserve=True, limits=limits, tick_s=1, by_lifetimes=by_lifetimes)
-    hooks = RemedyHooks(cluster(2, 2), arrivals, options, seed=0)
-    hooks.lifetimes = Lifetimes(min_samples=2)
-    for ran in (100, 200, 200, 200):
-        hooks.lifetimes.observe(ran)
-    tl = RemedyTimeline(cluster(2, 2), BinpackPolicy(), arrivals, 0.0, 120.0, 0, hooks)
-    tl.run()
-    assert [tl.where[seq][0] for seq in (0, 1, 2)] == [0, 0, 1]
-    [hold] = tl.hooks.holds
-    assert (hold.holder_uid, hold.node) == ("a3", "n0" if by_lifetimes else "n1")
-    assert len(hooks.lifetimes) == 4  # the CPU pod that left at 111 taught nothing: GPU pods only, as the extender
-    later = RemedyHooks(cluster(2, 2), arrivals, options, seed=0)
-    RemedyTimeline(cluster(2, 2), BinpackPolicy(), arrivals, 0.0, 200.0, 0, later).run()
-    assert sorted(later.lifetimes._runs) == [150.0, 150.0]  # n0's two pods left at 150 after 150 s
