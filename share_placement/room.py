@@ -27,6 +27,31 @@ def shape_of(demand: Demand) -> Demand:
     return Demand(demand.per_gpu, demand.count, demand.models)
 
 
+# A node as `hosted_shape` weighs it: its GPU model, how many GPUs, its whole CPU and memory (None: not known).
+Host = tuple[str, int, int | None, int | None]
+
+
+def hosted_shape(demand: Demand, hosts: Iterable[Host]) -> Demand:
+    """The demand with its models narrowed to those of the nodes that could ever host it (enough GPUs of an
+    allowed model and enough CPU and memory in all), when that leaves out some model of the nodes with
+    enough GPUs; else the demand as it is. The room it needs is then counted only where it could ever run:
+    in openb an 8-GPU pod asking 120 cores runs only on the 128-core G3 nodes, not on the 96-core G2 ones,
+    and a share that breaks a G3 node breaks room no G2 node can give it."""
+    if demand.count < 2:
+        return demand
+    gpu_models: set[str] = set()
+    could: set[str] = set()
+    for model, gpus, cpu, memory in hosts:
+        if gpus < demand.count or (demand.models and not model_allowed(demand.models, model)):
+            continue
+        gpu_models.add(model)
+        if (cpu is None or cpu >= demand.cpu) and (memory is None or memory >= demand.memory):
+            could.add(model)
+    if not could or could == gpu_models:
+        return demand
+    return Demand(demand.per_gpu, demand.count, tuple(sorted(could)), demand.cpu, demand.memory)
+
+
 def closeness(view: NodeView, shape: Demand) -> float:
     """1 / (1 + GPUs short) for a node that has enough usable GPUs for the shape, else 0: how near the
     node is to taking a pod of that shape (1: it has the room now)."""

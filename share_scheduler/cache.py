@@ -48,9 +48,11 @@ from share_core.request import InvalidRequest
 from share_placement import Demand
 from share_placement import NodeState
 from share_placement import NodeView
+from share_placement.room import Host
 from share_scheduler.drastate import CLAIM_PART
 from share_scheduler.drastate import DraIndex
 from share_scheduler.holds import HoldBook
+from share_scheduler.nodes import NO_ALLOCATABLE
 from share_scheduler.nodes import Assumed
 from share_scheduler.nodes import Contribution
 from share_scheduler.nodes import NodeEntry
@@ -114,6 +116,8 @@ class ClusterCache:
         self._gpu_sizes: Counter[int] = Counter()
         self._largest_gpu = 0
         self._on_largest_gpu: Callable[[int], None] | None = None
+        self._node_specs = 0  # bumped whenever a node's GPUs or allocatable change (`hosts`)
+        self._hosts: tuple[int, list[Host]] = (-1, [])
         # GPU memory held for pods not bound yet (preemption, reservations), fed by the pod watch.
         self.holds = HoldBook()
         # Unbound pods asking GPU memory, with their age (the reservations loop, waits by class).
@@ -139,10 +143,29 @@ class ClusterCache:
             return self._largest_gpu
 
     def _count_gpus(self, gpus: Iterable[GpuInfo], sign: int) -> None:
+        self._node_specs += 1  # called whenever a node is added, replaced or removed
         for g in gpus:
             self._gpu_sizes[g.memory] += sign
             if self._gpu_sizes[g.memory] <= 0:
                 del self._gpu_sizes[g.memory]
+
+    def hosts(self) -> list[Host]:
+        """Each node's GPUs per model, with its allocatable CPU and memory (None when it reports none), as
+        share_placement.room.hosted_shape weighs which nodes could ever host a pod; rebuilt only after a
+        node's GPUs or allocatable changed."""
+        with self._lock:
+            version, hosts = self._hosts
+            if version == self._node_specs:
+                return hosts
+            hosts = []
+            for entry in self._nodes.values():
+                alloc = entry.allocatable
+                cpu = alloc.cpu if alloc != NO_ALLOCATABLE else None
+                memory = alloc.memory if alloc != NO_ALLOCATABLE else None
+                for model, count in Counter(g.model for g in entry.gpus).items():
+                    hosts.append((model, count, cpu, memory))
+            self._hosts = (self._node_specs, hosts)
+            return hosts
 
     def _tell_largest_gpu(self) -> None:
         """After a whole change (a node replaced, a relist): what it was in between is nobody's business."""

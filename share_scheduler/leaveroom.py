@@ -26,10 +26,13 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from collections.abc import Sequence
 
 from share_core.contract import SCHEDULER_NAME
 from share_placement import Demand
+from share_placement.room import Host
 from share_placement.room import RoomForWaiting
+from share_placement.room import hosted_shape
 from share_placement.room import shape_of
 from share_placement.waiting_shapes import LINGER_S
 from share_placement.waiting_shapes import WaitingShapes
@@ -58,8 +61,13 @@ class LeaveRoom:
         linger_s: float = LINGER_S,
         unit: str = "GiB",
         clock: Callable[[], float] = time.time,
+        hosts: Callable[[], Sequence[Host]] = list,
     ) -> None:
         self.policy = policy
+        self.hosts = (
+            hosts  # the nodes as hosted_shape weighs them (ClusterCache.hosts: the same list until one changes)
+        )
+        self._hosts_seen: Sequence[Host] | None = None
         self.waiting = waiting
         self.policy_lock = policy_lock
         self.forget = forget
@@ -79,6 +87,11 @@ class LeaveRoom:
         """The shapes the policy leaves room for now."""
         return self.policy.shapes
 
+    def _hosts_same(self) -> bool:
+        """No node came, went or changed its GPUs or allocatable since the last refresh, while pods wait
+        (which nodes could ever host them decides their shapes: hosted_shape)."""
+        return not self._waiting or self.hosts() is self._hosts_seen
+
     def waiting_now(self, shape: Demand) -> int:
         """Pods of `shape` waiting at the last refresh (0: the shape lingers)."""
         return self._waiting.get(shape, 0)
@@ -86,15 +99,16 @@ class LeaveRoom:
     def refresh(self) -> bool:
         """Tell the policy the shapes that wait now; True when they changed (the memoised answers were
         forgotten). Cheap when nothing changed."""
-        if self.waiting.multi_version == self._version and self.clock() < self._due:
+        if self.waiting.multi_version == self._version and self.clock() < self._due and self._hosts_same():
             return False
         with self._lock:
             now = self.clock()
             version, changed_at, pods = self.waiting.multi_gpu()
-            if version == self._version and now < self._due:
+            if version == self._version and now < self._due and self._hosts_same():
                 return False
             mine = [p for p in pods if p.unschedulable and p.scheduler == self.scheduler]
-            current = Counter(shape_of(p.demand) for p in mine)
+            hosts = self._hosts_seen = self.hosts()
+            current = Counter(shape_of(hosted_shape(p.demand, hosts)) for p in mine)
             # The shapes whose pods waited at the last refresh waited until the watch's last change among the
             # multi-GPU pods (the one that ended their wait, or a later one; never before the last refresh).
             self.rule.update(self._waiting, max(min(now, changed_at), self._at))
@@ -115,8 +129,9 @@ class LeaveRoom:
 
     def _tell(self, old: set[Demand], new: set[Demand], mine: list[WaitingPod]) -> None:
         who: dict[Demand, list[str]] = {}
+        hosts = self.hosts()
         for p in mine:
-            who.setdefault(shape_of(p.demand), []).append(p.key)
+            who.setdefault(shape_of(hosted_shape(p.demand, hosts)), []).append(p.key)
         parts = []
         for s in sorted(new - old, key=_order):
             pods = sorted(who.get(s, ()))

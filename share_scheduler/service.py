@@ -144,6 +144,7 @@ class Extender:
                 scheduler=config.scheduler,
                 linger_s=config.leave_room_linger,
                 unit=unit.value,
+                hosts=cache.hosts,
             )
             if isinstance(policy, RoomForWaiting)
             else None

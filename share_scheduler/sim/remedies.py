@@ -45,7 +45,9 @@ from share_placement import GpuSlot
 from share_placement import NodeState
 from share_placement import NodeView
 from share_placement import Policy
+from share_placement.room import Host
 from share_placement.room import RoomForWaiting
+from share_placement.room import hosted_shape
 from share_placement.starvation import ConsolidationPlan
 from share_placement.starvation import Overlay
 from share_placement.starvation import ReservationLimits
@@ -132,6 +134,9 @@ class RemedyHooks(TimelineHooks):
         self._tokens_at = 0.0
         self._last_try: dict[int, float] = {}
         self._shapes = WaitingShapes(options.linger_s)
+        # Each node as `hosted_shape` weighs it, and each demand's shape narrowed to the models that could host it.
+        self.hosts: list[Host] = [(n.model, len(n.gpus), n.cpu, n.memory) for n in workload.nodes]
+        self._hosted: dict[int, Demand] = {}
         self._states: dict[int, tuple[int, NodeState]] = {}
         self._held_key: tuple = ()
         self._held_until = math.inf
@@ -215,7 +220,11 @@ class RemedyHooks(TimelineHooks):
 
     def _update_shapes(self, timeline: Timeline, now: float) -> None:
         demands = timeline.cluster.demands
-        seen = self._shapes.update((demands[dix] for dix in timeline.queues), now)
+        hosted = self._hosted
+        for dix in timeline.queues:
+            if dix not in hosted:
+                hosted[dix] = hosted_shape(demands[dix], self.hosts)
+        seen = self._shapes.update((hosted[dix] for dix in timeline.queues), now)
         policy = timeline.policy
         if isinstance(policy, RoomForWaiting) and policy.set_waiting(seen):
             timeline.cluster.forget_evaluations()

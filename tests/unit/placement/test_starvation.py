@@ -18,6 +18,7 @@ from share_placement import NodeState
 from share_placement import node_view
 from share_placement.room import RoomForWaiting
 from share_placement.room import closeness
+from share_placement.room import hosted_shape
 from share_placement.room import room_cost
 from share_placement.starvation import ReservationLimits
 from share_placement.starvation import Resident
@@ -388,6 +389,29 @@ def test_room_for_waiting_steers_a_pod_off_the_gpus_a_waiting_pod_needs():
     # The waiting shape gone: binpack's order again.
     assert room.set_waiting([]) is True
     assert room.score(nearly_full, whole) > room.score(scattered, whole)
+
+
+def test_a_shape_is_narrowed_to_the_models_of_the_nodes_that_could_ever_host_it():
+    # openb's 8-GPU nodes: G2 (96 cores), G3 (128), V100M32 (96), V100M16 (64); T4 nodes have 2 GPUs.
+    hosts = [("G2", 8, 96_000, 384), ("G3", 8, 128_000, 768), ("V100M32", 8, 96_000, 768), ("V100M16", 8, 64_000, 256)]
+    hosts.append(("T4", 2, 104_000, 512))
+    big = Demand(FULL, 8, cpu=120_000, memory=720)
+    assert hosted_shape(big, hosts).models == ("G3",)
+    assert hosted_shape(Demand(FULL, 8, cpu=88_000, memory=320), hosts).models == ("G2", "G3", "V100M32")
+    # Every model with 8 GPUs could host it: the shape is the pod's own (shapes stay merged).
+    assert hosted_shape(Demand(FULL, 8, cpu=64_000, memory=256), hosts) == Demand(FULL, 8, cpu=64_000, memory=256)
+    # Models the pod itself allows stay the bound; a share is never narrowed; no host at all: as it is.
+    assert hosted_shape(Demand(FULL, 8, ("G2", "G3"), 120_000, 720), hosts).models == ("G3",)
+    assert hosted_shape(Demand(500, 1, cpu=120_000), hosts) == Demand(500, 1, cpu=120_000)
+    assert hosted_shape(Demand(FULL, 8, cpu=500_000), hosts) == Demand(FULL, 8, cpu=500_000)
+    # A node that reports no CPU or memory could host anything of them.
+    assert hosted_shape(big, [("G2", 8, None, None), ("G3", 8, 128_000, 768)]) == big
+    # So room is left only where the pod could run: a share breaks a G2 node before a G3 one.
+    room = RoomForWaiting(BinpackPolicy(), [hosted_shape(big, hosts)])
+    g2, g3 = ((("G2", FULL),) * 8, None, None), ((("G3", FULL),) * 8, None, None)
+    share = Demand(500, 1)
+    assert room_cost(g2, (0,), share, room.shapes) == 0.0 < room_cost(g3, (0,), share, room.shapes)
+    assert room.evaluate(g2, share)[0] > room.evaluate(g3, share)[0]
 
 
 def test_room_for_waiting_prices_in_batch_as_it_evaluates():

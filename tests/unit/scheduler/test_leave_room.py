@@ -230,3 +230,31 @@ def test_an_unquoted_on_in_the_config_file_is_refused_with_a_hint(tmp_path: Path
     assert "scheduler.leaveRoom" in err and "quote" in err
     path.write_text('apiVersion: gpushare.io/v1\nkind: Configuration\nscheduler:\n  leaveRoom: "on"\n')
     assert starvation_config(parse_args(build_parser(), ["--config", str(path)])).leave_room is True
+
+
+def test_room_is_left_only_where_the_waiting_pod_could_ever_run(kube, extender_factory, caplog):
+    """A pair asking 32 cores: only node-a (H100, 64 cores) could ever host it; node-b (A100, 8 cores)
+    never could, however much of it drains. binpack sends a share to node-a (8 GiB left on a GPU against
+    16); leaving room for the pair where it could run, the share breaks node-b instead."""
+    kube.add_node(make_node("node-a", [16, 16], model="H100", host={"cpu": "64"}))
+    kube.add_node(make_node("node-b", [24, 24], model="A100", host={"cpu": "8"}))
+    ext = extender_factory(policy="binpack", starvation=ON).wait_ready()
+    ext.settle()
+    assert share_goes(ext) == ["node-a"]
+    caplog.set_level(logging.INFO, logger="share_scheduler.leaveroom")
+    pair = make_pod("pair", 32, count=2)
+    pair["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "32"}
+    kube.add_pod(pair)
+    kube.add_pod_condition("default", "pair", UNSCHEDULABLE)
+    wait_until(lambda: (p := ext.cache.waiting.get("default/pair")) is not None and p.unschedulable,
+               what="the pair seen unschedulable")  # fmt: skip
+    assert share_goes(ext) == ["node-b"]
+    [shape] = room(ext).shapes
+    assert (shape.count, shape.per_gpu, shape.models) == (2, 16, ("H100",))
+    said = [r.getMessage() for r in caplog.records if "room for what waits" in r.getMessage()]
+    assert "now leaving room for 2 GPUs x 16 GiB of model H100 (waiting: default/pair)" in said[0]
+    # A node that could host it joins: every GPU model could again, so the shape is the pair's own.
+    kube.add_node(make_node("node-c", [16, 16], model="A100", host={"cpu": "64"}))
+    wait_until(lambda: len(ext.cache.hosts()) == 3, what="node-c in the cache")
+    wait_until(lambda: room(ext).refresh() or PAIR in room(ext).shapes, what="the shape widened")
+    assert set(room(ext).shapes) == {PAIR, shape}  # the narrow one lingers, as any shape no pod waits for

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from share_placement import BinpackPolicy
+from share_placement import Demand
 from share_placement import SpreadPolicy
 from share_placement.starvation import ReservationLimits
 from share_scheduler.sim import cli
@@ -210,6 +211,25 @@ def test_leaving_room_sends_a_whole_gpu_pod_where_it_breaks_no_waiting_pair(leav
     arrivals = [Arrival(0, 4, 2.5), Arrival(1, 4, 100), Arrival(2, 1, 100), Arrival(3, 4, 500)]
     r = timeline(cluster(2, 1), BinpackPolicy(), arrivals, RemedyOptions(leave_room=leave_room), end=1000)
     assert r.where == {} and r.started[:3] == [0.0, 1.0, 101.0 if leave_room else 503.0]
+
+
+def test_room_is_left_only_on_nodes_that_could_ever_host_the_waiting_pod():
+    # n0 (model A, 64 cores, 3 GPUs) and n1 (model B, 16 cores, 2 GPUs); the pair asks 32 cores: only n0
+    # could ever host it. 0: a 20-core whole GPU takes n0's GPU 0 (to 100), 1: one its GPU 1 (to 500); 2: the
+    # pair waits. 3: Z, a whole GPU. Counting GPUs only, n1's two free GPUs would be the pair's nearest room
+    # and Z would break n0 instead (the pair then waits until 500); with the shape narrowed to model A, n1
+    # is no room for the pair at all, Z takes it, and the pair runs on n0 when its first pod leaves at 100.
+    wide = SimPod("wide", 1000, 1, cpu=20_000, duration=100.0)  # a whole GPU with 20 cores: never on n1
+    pods = (wide, SimPod("pair", 1000, 2, cpu=32_000, duration=100.0), *PODS[2:])
+    nodes = (
+        SimNode("n0", "A", (1000,) * 3, cpu=64_000, memory=10**6),
+        SimNode("n1", "B", (1000,) * 2, cpu=16_000, memory=10**6),
+    )
+    arrivals = [Arrival(0, 0, 100), Arrival(1, 0, 500), Arrival(2, 1, 100), Arrival(3, 4, 500)]
+    tl = timeline(Workload(nodes, pods), BinpackPolicy(), arrivals, RemedyOptions(leave_room=True), end=150)
+    assert tl.policy.shapes == (Demand(1000, 2, ("A",)),)
+    assert tl.started == [0.0, 1.0, 100.0, 3.0]
+    assert tl.where[3][0] == 1 and tl.where[2][0] == 0
 
 
 def test_remedies_off_change_nothing_and_leave_room_on_a_quiet_cluster_changes_nothing():
