@@ -64,9 +64,8 @@ class LeaveRoom:
         hosts: Callable[[], Sequence[Host]] = list,
     ) -> None:
         self.policy = policy
-        self.hosts = (
-            hosts  # the nodes as hosted_shape weighs them (ClusterCache.hosts: the same list until one changes)
-        )
+        # The nodes as hosted_shape weighs them (ClusterCache.hosts: the same list until a node changes).
+        self.hosts = hosts
         self._hosts_seen: Sequence[Host] | None = None
         self.waiting = waiting
         self.policy_lock = policy_lock
