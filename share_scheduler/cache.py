@@ -117,7 +117,7 @@ class ClusterCache:
         self._largest_gpu = 0
         self._on_largest_gpu: Callable[[int], None] | None = None
         self._node_specs = 0  # bumped whenever a node's GPUs or allocatable change (`hosts`)
-        self._hosts: tuple[int, list[Host]] = (-1, [])
+        self._hosts: tuple[int, tuple[Host, ...]] = (-1, ())
         # GPU memory held for pods not bound yet (preemption, reservations), fed by the pod watch.
         self.holds = HoldBook()
         # Unbound pods asking GPU memory, with their age (the reservations loop, waits by class).
@@ -149,21 +149,22 @@ class ClusterCache:
             if self._gpu_sizes[g.memory] <= 0:
                 del self._gpu_sizes[g.memory]
 
-    def hosts(self) -> list[Host]:
-        """Each node's GPUs per model, with its allocatable CPU and memory (None when it reports none), as
-        share_placement.room.hosted_shape weighs which nodes could ever host a pod; rebuilt only after a
-        node's GPUs or allocatable changed."""
+    def hosts(self) -> tuple[Host, ...]:
+        """The distinct kinds of node (GPUs per model, allocatable CPU and memory; None when a node reports
+        none), as share_placement.room.hosted_shape weighs which nodes could ever host a pod: a few dozen
+        however many nodes. The same object until a node's GPUs or allocatable change."""
         with self._lock:
             version, hosts = self._hosts
             if version == self._node_specs:
                 return hosts
-            hosts = []
+            kinds: set[Host] = set()
             for entry in self._nodes.values():
                 alloc = entry.allocatable
                 cpu = alloc.cpu if alloc != NO_ALLOCATABLE else None
                 memory = alloc.memory if alloc != NO_ALLOCATABLE else None
                 for model, count in Counter(g.model for g in entry.gpus).items():
-                    hosts.append((model, count, cpu, memory))
+                    kinds.add((model, count, cpu, memory))
+            hosts = tuple(kinds)
             self._hosts = (self._node_specs, hosts)
             return hosts
 

@@ -61,12 +61,13 @@ class LeaveRoom:
         linger_s: float = LINGER_S,
         unit: str = "GiB",
         clock: Callable[[], float] = time.time,
-        hosts: Callable[[], Sequence[Host]] = list,
+        hosts: Callable[[], Sequence[Host]] | None = None,
     ) -> None:
         self.policy = policy
-        # The nodes as hosted_shape weighs them (ClusterCache.hosts: the same list until a node changes).
+        # The nodes as hosted_shape weighs them (ClusterCache.hosts: the same object until a node changes);
+        # None: shapes are not narrowed.
         self.hosts = hosts
-        self._hosts_seen: Sequence[Host] | None = None
+        self._hosts_seen: Sequence[Host] = ()
         self.waiting = waiting
         self.policy_lock = policy_lock
         self.forget = forget
@@ -89,7 +90,7 @@ class LeaveRoom:
     def _hosts_same(self) -> bool:
         """No node came, went or changed its GPUs or allocatable since the last refresh, while pods wait
         (which nodes could ever host them decides their shapes: hosted_shape)."""
-        return not self._waiting or self.hosts() is self._hosts_seen
+        return self.hosts is None or not self._waiting or self.hosts() is self._hosts_seen
 
     def waiting_now(self, shape: Demand) -> int:
         """Pods of `shape` waiting at the last refresh (0: the shape lingers)."""
@@ -106,8 +107,8 @@ class LeaveRoom:
             if version == self._version and now < self._due and self._hosts_same():
                 return False
             mine = [p for p in pods if p.unschedulable and p.scheduler == self.scheduler]
-            hosts = self._hosts_seen = self.hosts()
-            current = Counter(shape_of(hosted_shape(p.demand, hosts)) for p in mine)
+            shape_for = self._shapes_of({p.demand for p in mine})
+            current = Counter(shape_for[p.demand] for p in mine)
             # The shapes whose pods waited at the last refresh waited until the watch's last change among the
             # multi-GPU pods (the one that ended their wait, or a later one; never before the last refresh).
             self.rule.update(self._waiting, max(min(now, changed_at), self._at))
@@ -123,14 +124,22 @@ class LeaveRoom:
             self._due = self.rule.expires()
             if changed:
                 self.changes += 1
-                self._tell(old, set(self.policy.shapes), mine)
+                self._tell(old, set(self.policy.shapes), mine, shape_for)
             return changed
 
-    def _tell(self, old: set[Demand], new: set[Demand], mine: list[WaitingPod]) -> None:
+    def _shapes_of(self, demands: set[Demand]) -> dict[Demand, Demand]:
+        """Each distinct waiting demand's shape, narrowed to the models whose nodes could ever host it."""
+        if self.hosts is None:
+            return {d: shape_of(d) for d in demands}
+        hosts = self._hosts_seen = self.hosts()
+        return {d: shape_of(hosted_shape(d, hosts)) for d in demands}
+
+    def _tell(
+        self, old: set[Demand], new: set[Demand], mine: list[WaitingPod], shape_for: dict[Demand, Demand]
+    ) -> None:
         who: dict[Demand, list[str]] = {}
-        hosts = self.hosts()
         for p in mine:
-            who.setdefault(shape_of(hosted_shape(p.demand, hosts)), []).append(p.key)
+            who.setdefault(shape_for[p.demand], []).append(p.key)
         parts = []
         for s in sorted(new - old, key=_order):
             pods = sorted(who.get(s, ()))

@@ -135,7 +135,7 @@ class RemedyHooks(TimelineHooks):
         self._last_try: dict[int, float] = {}
         self._shapes = WaitingShapes(options.linger_s)
         # Each node as `hosted_shape` weighs it, and each demand's shape narrowed to the models that could host it.
-        self.hosts: list[Host] = [(n.model, len(n.gpus), n.cpu, n.memory) for n in workload.nodes]
+        self.hosts: tuple[Host, ...] = tuple({(n.model, len(n.gpus), n.cpu, n.memory) for n in workload.nodes})
         self._hosted: dict[int, Demand] = {}
         self._states: dict[int, tuple[int, NodeState]] = {}
         self._held_key: tuple = ()
