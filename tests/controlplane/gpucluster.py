@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import threading
 import time
@@ -56,6 +57,8 @@ from tests.controlplane.cluster import http_status
 from tests.kubelet import KubeletStandIn
 from tests.kubelet import set_pod_phase
 from tests.unit.chart.helm import render_chart
+
+log = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
 Order = Callable[[list[Pod]], list[Pod]]
@@ -173,13 +176,24 @@ class GpuCluster:
         )
         try:
             wait_for(lambda: self._http_status("/readyz") == 200, timeout, "the extender to be ready")
-        except TimeoutError as exc:
-            raise self.extender.fail(str(exc)) from exc
+        except (TimeoutError, ControlPlaneError) as exc:
+            error = exc if isinstance(exc, ControlPlaneError) else self.extender.fail(str(exc))
+            self.stop_extender()  # a later test starts its own (`ensure_extender`), not on a half-started one
+            raise error from exc
 
     def stop_extender(self) -> None:
         if self.extender is not None:
             self.extender.stop()
             self.extender = None
+
+    def ensure_extender(self) -> None:
+        """Start the extender again if it is not running (a test stopped or lost it), so that one test's
+        failure does not fail every later test of the session."""
+        if self.extender is None or not self.extender.alive():
+            if self.extender is not None:
+                log.warning("the extender had exited (%s); starting it again", self.extender.popen.returncode)
+            self.stop_extender()
+            self.start_extender()
 
     def restart_extender(self) -> None:
         self.stop_extender()

@@ -129,6 +129,7 @@ def gpu_cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFa
 def ns(gpu_cluster: GpuCluster) -> Iterator[str]:
     """A namespace of its own per test; its nodes and pods are removed afterwards."""
     name = f"e2e-{next(_names)}"
+    gpu_cluster.ensure_extender()  # one that a test stopped, or that died, fails no later test
     if gpu_cluster.cp.scheduler is None:  # a test of the bare control plane stopped ours
         gpu_cluster.start_scheduler()
     gpu_cluster.create_namespace(name)
